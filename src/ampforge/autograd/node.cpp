@@ -1,0 +1,108 @@
+#include "ampforge/autograd/node.h"
+
+#include <atomic>
+
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::autograd {
+namespace {
+std::atomic<uint64_t> g_sequence{0};
+thread_local bool t_grad_enabled = true;
+}  // namespace
+
+Node::Node() : sequence_nr(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
+
+AccumulateGrad::AccumulateGrad(Tensor leaf_) : leaf(std::move(leaf_)) {}
+
+Grads AccumulateGrad::apply(Grads&& grads) {
+  Tensor g = grads[0];
+  if (!g.defined()) return {};
+  Tensor cur = leaf.grad();
+  if (cur.defined()) {
+    ops::add_(cur, g);
+  } else {
+    // A fresh gradient tensor the leaf owns, laid out like the leaf.
+    Tensor mine = empty_like(leaf);
+    ops::copy_(mine, g);
+    leaf.set_grad(mine);
+  }
+  return {};
+}
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  t_ = t.detach();
+  version_ = t.storage()->version();
+  was_defined_ = true;
+}
+
+Tensor SavedTensor::get() const {
+  if (!t_.defined()) {
+    AF_CHECK(!was_defined_, "autograd: trying to backward through the graph a second time (or directly access saved "
+                            "tensors after they have already been freed); pass retain_graph=true to backward() the "
+                            "first time if you need to");
+    return t_;
+  }
+  AF_CHECK(t_.storage()->version() == version_,
+           "autograd: a tensor needed for gradient computation was modified by an in-place operation after it was "
+           "saved (version {} at save, now {}); make a copy (clone()) before modifying it",
+           version_, t_.storage()->version());
+  return t_;
+}
+
+Grads FunctionNode::apply(Grads&& grads) {
+  AF_CHECK(fn_ != nullptr, "autograd: trying to backward through the graph a second time ({} was already freed); "
+                           "pass retain_graph=true to backward() the first time if you need to", name_);
+  return fn_(grads);
+}
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+namespace {
+Edge edge_for(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  return {std::make_shared<AccumulateGrad>(t), 0};
+}
+}  // namespace
+
+std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             FunctionNode::Backward backward) {
+  if (!needs_grad(inputs)) return nullptr;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->next_edges.reserve(inputs.size());
+  node->input_meta.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    node->next_edges.push_back(edge_for(t));
+    node->input_meta.push_back(t.defined() ? InputMeta{t.shape(), t.dtype(), t.device()} : InputMeta{});
+  }
+  node->num_outputs = static_cast<uint32_t>(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& o = outputs[i];
+    if (!o.defined() || !o.is_floating_point()) continue;  // integer outputs (indices) carry no gradient
+    // Outputs are fresh tensors (or views made by this op): give them their history.
+    TensorImpl* impl = o.impl();
+    if (!impl->autograd) impl->autograd = std::make_unique<AutogradMeta>();
+    impl->autograd->requires_grad = true;
+    impl->autograd->grad_fn = node;
+    impl->autograd->output_nr = static_cast<uint32_t>(i);
+  }
+  return node;
+}
+
+}  // namespace ampforge::autograd

@@ -1,0 +1,358 @@
+// CPU elementwise kernels: fill, copy/cast, arange, random, unary, binary, comparisons, where, and the
+// elementwise backward kernels. All arithmetic on 16-bit floats runs in float (chunks converted in L1).
+#include <cmath>
+#include <cstring>
+
+#include "ampforge/backends/cpu/loops.h"
+#include "ampforge/backends/cpu/register.h"
+#include "ampforge/core/attrs.h"
+#include "ampforge/core/dispatch.h"
+#include "ampforge/core/generator.h"
+
+namespace ampforge::cpu {
+namespace {
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+template <class T, class F>
+void unary_float(const KernelArgs& a, const char* what, F f) {
+  (void)sizeof(T);
+  visit_float(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 1>(a.out(0), {&a.in(0)}, [&](A* o, const A* const* in, int64_t n) {
+      const A* x = in[0];
+      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+    });
+  });
+}
+
+template <class F>
+void unary_arith(const KernelArgs& a, const char* what, F f) {
+  visit_arith(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 1>(a.out(0), {&a.in(0)}, [&](A* o, const A* const* in, int64_t n) {
+      const A* x = in[0];
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<A>(f(x[i]));
+    });
+  });
+}
+
+template <class F>
+void binary_arith(const KernelArgs& a, const char* what, F f) {
+  visit_arith(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 2>(a.out(0), {&a.in(0), &a.in(1)}, [&](A* o, const A* const* in, int64_t n) {
+      const A* x = in[0];
+      const A* y = in[1];
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<A>(f(x[i], y[i]));
+    });
+  });
+}
+
+template <class F>
+void binary_float(const KernelArgs& a, const char* what, F f) {
+  visit_float(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 2>(a.out(0), {&a.in(0), &a.in(1)}, [&](A* o, const A* const* in, int64_t n) {
+      const A* x = in[0];
+      const A* y = in[1];
+      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+    });
+  });
+}
+
+// Comparisons: inputs of one arithmetic (or Bool) dtype, output Bool.
+template <class F>
+void compare(const KernelArgs& a, const char* what, F f) {
+  auto run = [&](auto tag) {
+    using S = decltype(tag);
+    using A = std::conditional_t<std::is_same_v<S, bool>, uint8_t, compute_t<S>>;
+    using SIn = std::conditional_t<std::is_same_v<S, bool>, uint8_t, S>;
+    // Output computed as A (0/1) then stored as bool.
+    map_kernel<SIn, bool, A, 2>(a.out(0), {&a.in(0), &a.in(1)}, [&](A* o, const A* const* in, int64_t n) {
+      const A* x = in[0];
+      const A* y = in[1];
+      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]) ? A(1) : A(0);
+    });
+  };
+  if (a.in(0).dtype() == DType::Bool)
+    run(bool{});
+  else
+    visit_arith(a.in(0).dtype(), what, run);
+}
+
+// ---- creation ------------------------------------------------------------------------------------
+
+void fill_kernel(const KernelArgs& a) {
+  const double v = a.attr<FillAttrs>().value;
+  const Tensor& out = a.out(0);
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    S value;
+    if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+      value = S(static_cast<float>(v));
+    else
+      value = static_cast<S>(v);
+    ElementwiseIter it = make_elementwise_iter(out, {});
+    for_each_run(it, [&](char** p, const int64_t* bs, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) std::memcpy(p[0] + i * bs[0], &value, sizeof(S));
+    });
+  });
+}
+
+// copy: out <- in with broadcasting and dtype conversion (Bool output stores x != 0).
+void copy_kernel(const KernelArgs& a) {
+  const Tensor& out = a.out(0);
+  const Tensor& in = a.in(0);
+  if (in.dtype() == out.dtype()) {
+    const int64_t es = in.element_size();
+    ElementwiseIter it = make_elementwise_iter(out, {&in});
+    for_each_run(it, [&](char** p, const int64_t* bs, int64_t n) {
+      if (bs[0] == es && bs[1] == es) {
+        std::memcpy(p[0], p[1], static_cast<size_t>(n * es));
+      } else {
+        for (int64_t i = 0; i < n; ++i) std::memcpy(p[0] + i * bs[0], p[1] + i * bs[1], static_cast<size_t>(es));
+      }
+    });
+    return;
+  }
+  visit_dtype(in.dtype(), [&](auto itag) {
+    visit_dtype(out.dtype(), [&](auto otag) {
+      using SI = decltype(itag);
+      using SO = decltype(otag);
+      constexpr bool wide = std::is_same_v<SI, double> || std::is_same_v<SO, double> ||
+                            std::is_same_v<SI, int64_t> || std::is_same_v<SO, int64_t> ||
+                            std::is_same_v<SI, int32_t> || std::is_same_v<SO, int32_t>;
+      using A = std::conditional_t<wide, double, float>;
+      map_kernel<SI, SO, A, 1>(out, {&in}, [](A* o, const A* const* x, int64_t n) { std::memcpy(o, x[0], n * sizeof(A)); });
+    });
+  });
+}
+
+void arange_kernel(const KernelArgs& a) {
+  const auto& at = a.attr<ArangeAttrs>();
+  const Tensor& out = a.out(0);
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    if constexpr (std::is_same_v<S, bool>) {
+      AF_THROW(InvalidArgument, "arange: Bool output is not supported");
+    } else {
+      S* p = out.data<S>();
+      const int64_t n = out.numel();
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = at.start + static_cast<double>(i) * at.step;
+        if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+          p[i] = S(static_cast<float>(v));
+        else
+          p[i] = static_cast<S>(v);
+      }
+    }
+  });
+}
+
+// Random numbers: element i uses Philox counter (offset + i/4), word i%4 (uniform), or counter
+// (offset + i/2) with a Box-Muller pair (normal). Independent of threads and devices.
+void rand_uniform_kernel(const KernelArgs& a) {
+  const auto& at = a.attr<RandAttrs>();
+  const Tensor& out = a.out(0);
+  AF_ASSERT(out.is_contiguous(), "rand_uniform: output must be contiguous");
+  const float lo = static_cast<float>(at.a), span = static_cast<float>(at.b - at.a);
+  visit_float(out.dtype(), "rand", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    S* p = static_cast<S*>(out.data_ptr());
+    parallel_for((out.numel() + 3) / 4, 4096, [&](int64_t b, int64_t e) {
+      A buf[4];
+      for (int64_t c = b; c < e; ++c) {
+        auto w = philox4x32(at.philox.seed, at.philox.offset + static_cast<uint64_t>(c));
+        const int64_t m = std::min<int64_t>(4, out.numel() - c * 4);
+        for (int j = 0; j < m; ++j) buf[j] = static_cast<A>(lo + span * uint_to_unit_float(w[j]));
+        store_n<S, A>(buf, p + c * 4, m);
+      }
+    });
+  });
+}
+
+void rand_normal_kernel(const KernelArgs& a) {
+  const auto& at = a.attr<RandAttrs>();
+  const Tensor& out = a.out(0);
+  AF_ASSERT(out.is_contiguous(), "rand_normal: output must be contiguous");
+  const double mean = at.a, stdv = at.b;
+  visit_float(out.dtype(), "randn", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    S* p = static_cast<S*>(out.data_ptr());
+    parallel_for((out.numel() + 1) / 2, 4096, [&](int64_t b, int64_t e) {
+      A buf[2];
+      for (int64_t c = b; c < e; ++c) {
+        auto w = philox4x32(at.philox.seed, at.philox.offset + static_cast<uint64_t>(c));
+        // u1 in (0, 1] so log(u1) is finite.
+        const double u1 = (static_cast<double>(w[0] >> 8) + 1.0) * (1.0 / 16777216.0);
+        const double u2 = static_cast<double>(w[1] >> 8) * (1.0 / 16777216.0);
+        const double r = std::sqrt(-2.0 * std::log(u1)), th = 6.283185307179586 * u2;
+        buf[0] = static_cast<A>(mean + stdv * r * std::cos(th));
+        buf[1] = static_cast<A>(mean + stdv * r * std::sin(th));
+        const int64_t m = std::min<int64_t>(2, out.numel() - c * 2);
+        store_n<S, A>(buf, p + c * 2, m);
+      }
+    });
+  });
+}
+
+// ---- math ----------------------------------------------------------------------------------------
+
+template <class A>
+inline A gelu_erf(A x) {
+  return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440)));
+}
+template <class A>
+inline A gelu_tanh(A x) {
+  const A k = A(0.79788456080286535588);  // sqrt(2/pi)
+  return A(0.5) * x * (A(1) + std::tanh(k * (x + A(0.044715) * x * x * x)));
+}
+template <class A>
+inline A sigmoid_fn(A x) {
+  return A(1) / (A(1) + std::exp(-x));
+}
+
+void where_kernel(const KernelArgs& a) {
+  const Tensor& out = a.out(0);
+  visit_dtype(out.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    ElementwiseIter it = make_elementwise_iter(out, {&a.in(0), &a.in(1), &a.in(2)});
+    for_each_run(it, [&](char** p, const int64_t* bs, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const bool c = *reinterpret_cast<const bool*>(p[1] + i * bs[1]);
+        std::memcpy(p[0] + i * bs[0], c ? p[2] + i * bs[2] : p[3] + i * bs[3], sizeof(S));
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void register_elementwise_cpu() {
+  auto reg = [](OpId op, KernelFn fn) { register_kernel(op, DeviceType::CPU, fn); };
+  reg(OpId::fill, fill_kernel);
+  reg(OpId::copy, copy_kernel);
+  reg(OpId::arange, arange_kernel);
+  reg(OpId::rand_uniform, rand_uniform_kernel);
+  reg(OpId::rand_normal, rand_normal_kernel);
+
+  reg(OpId::neg, [](const KernelArgs& a) { unary_arith(a, "neg", [](auto x) { return -x; }); });
+  reg(OpId::abs, [](const KernelArgs& a) { unary_arith(a, "abs", [](auto x) { return x < 0 ? -x : x; }); });
+  reg(OpId::sign, [](const KernelArgs& a) {
+    unary_arith(a, "sign", [](auto x) { return static_cast<decltype(x)>((x > 0) - (x < 0)); });
+  });
+  reg(OpId::exp, [](const KernelArgs& a) { unary_float<float>(a, "exp", [](auto x) { return std::exp(x); }); });
+  reg(OpId::log, [](const KernelArgs& a) { unary_float<float>(a, "log", [](auto x) { return std::log(x); }); });
+  reg(OpId::sqrt, [](const KernelArgs& a) { unary_float<float>(a, "sqrt", [](auto x) { return std::sqrt(x); }); });
+  reg(OpId::rsqrt, [](const KernelArgs& a) {
+    unary_float<float>(a, "rsqrt", [](auto x) { return decltype(x)(1) / std::sqrt(x); });
+  });
+  reg(OpId::relu, [](const KernelArgs& a) {
+    unary_float<float>(a, "relu", [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); });
+  });
+  reg(OpId::gelu, [](const KernelArgs& a) {
+    if (a.attr<GeluAttrs>().approximate == GeluApprox::Tanh)
+      unary_float<float>(a, "gelu", [](auto x) { return gelu_tanh(x); });
+    else
+      unary_float<float>(a, "gelu", [](auto x) { return gelu_erf(x); });
+  });
+  reg(OpId::silu, [](const KernelArgs& a) { unary_float<float>(a, "silu", [](auto x) { return x * sigmoid_fn(x); }); });
+  reg(OpId::sigmoid, [](const KernelArgs& a) { unary_float<float>(a, "sigmoid", [](auto x) { return sigmoid_fn(x); }); });
+  reg(OpId::tanh, [](const KernelArgs& a) { unary_float<float>(a, "tanh", [](auto x) { return std::tanh(x); }); });
+  reg(OpId::add_scalar, [](const KernelArgs& a) {
+    const double s = a.attr<ScalarAttrs>().scalar;
+    unary_arith(a, "add", [s](auto x) { return static_cast<decltype(x)>(x + static_cast<decltype(x)>(s)); });
+  });
+  reg(OpId::mul_scalar, [](const KernelArgs& a) {
+    const double s = a.attr<ScalarAttrs>().scalar;
+    unary_arith(a, "mul", [s](auto x) { return static_cast<decltype(x)>(x * static_cast<decltype(x)>(s)); });
+  });
+  reg(OpId::pow_scalar, [](const KernelArgs& a) {
+    const double s = a.attr<ScalarAttrs>().scalar;
+    if (s == 2.0)
+      unary_float<float>(a, "pow", [](auto x) { return x * x; });
+    else
+      unary_float<float>(a, "pow", [s](auto x) { return std::pow(x, static_cast<decltype(x)>(s)); });
+  });
+  reg(OpId::clamp, [](const KernelArgs& a) {
+    const auto at = a.attr<ClampAttrs>();
+    unary_arith(a, "clamp", [at](auto x) {
+      using A = decltype(x);
+      if (at.has_min && x < static_cast<A>(at.min)) x = static_cast<A>(at.min);
+      if (at.has_max && x > static_cast<A>(at.max)) x = static_cast<A>(at.max);
+      return x;
+    });
+  });
+
+  reg(OpId::add, [](const KernelArgs& a) { binary_arith(a, "add", [](auto x, auto y) { return x + y; }); });
+  reg(OpId::sub, [](const KernelArgs& a) { binary_arith(a, "sub", [](auto x, auto y) { return x - y; }); });
+  reg(OpId::mul, [](const KernelArgs& a) { binary_arith(a, "mul", [](auto x, auto y) { return x * y; }); });
+  reg(OpId::div, [](const KernelArgs& a) { binary_float(a, "div", [](auto x, auto y) { return x / y; }); });
+  reg(OpId::pow, [](const KernelArgs& a) { binary_float(a, "pow", [](auto x, auto y) { return std::pow(x, y); }); });
+  // NaN propagates, as in PyTorch's maximum/minimum.
+  reg(OpId::maximum, [](const KernelArgs& a) {
+    binary_arith(a, "maximum", [](auto x, auto y) { return (x != x || x > y) ? x : y; });
+  });
+  reg(OpId::minimum, [](const KernelArgs& a) {
+    binary_arith(a, "minimum", [](auto x, auto y) { return (x != x || x < y) ? x : y; });
+  });
+  reg(OpId::eq, [](const KernelArgs& a) { compare(a, "eq", [](auto x, auto y) { return x == y; }); });
+  reg(OpId::ne, [](const KernelArgs& a) { compare(a, "ne", [](auto x, auto y) { return x != y; }); });
+  reg(OpId::lt, [](const KernelArgs& a) { compare(a, "lt", [](auto x, auto y) { return x < y; }); });
+  reg(OpId::le, [](const KernelArgs& a) { compare(a, "le", [](auto x, auto y) { return x <= y; }); });
+  reg(OpId::gt, [](const KernelArgs& a) { compare(a, "gt", [](auto x, auto y) { return x > y; }); });
+  reg(OpId::ge, [](const KernelArgs& a) { compare(a, "ge", [](auto x, auto y) { return x >= y; }); });
+  reg(OpId::where, where_kernel);
+
+  // Backward kernels: inputs (grad_out, saved), output grad_in.
+  reg(OpId::relu_backward, [](const KernelArgs& a) {
+    binary_float(a, "relu_backward", [](auto g, auto y) { return y > decltype(y)(0) ? g : decltype(g)(0); });
+  });
+  reg(OpId::gelu_backward, [](const KernelArgs& a) {
+    if (a.attr<GeluAttrs>().approximate == GeluApprox::Tanh) {
+      binary_float(a, "gelu_backward", [](auto g, auto x) {
+        using A = decltype(x);
+        const A k = A(0.79788456080286535588), c = A(0.044715);
+        const A t = std::tanh(k * (x + c * x * x * x));
+        return g * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x));
+      });
+    } else {
+      binary_float(a, "gelu_backward", [](auto g, auto x) {
+        using A = decltype(x);
+        const A cdf = A(0.5) * (A(1) + std::erf(x * A(0.70710678118654752440)));
+        const A pdf = std::exp(A(-0.5) * x * x) * A(0.39894228040143267794);
+        return g * (cdf + x * pdf);
+      });
+    }
+  });
+  reg(OpId::silu_backward, [](const KernelArgs& a) {
+    binary_float(a, "silu_backward", [](auto g, auto x) {
+      using A = decltype(x);
+      const A s = sigmoid_fn(x);
+      return g * s * (A(1) + x * (A(1) - s));
+    });
+  });
+  reg(OpId::sigmoid_backward, [](const KernelArgs& a) {
+    binary_float(a, "sigmoid_backward", [](auto g, auto y) { return g * y * (decltype(y)(1) - y); });
+  });
+  reg(OpId::tanh_backward, [](const KernelArgs& a) {
+    binary_float(a, "tanh_backward", [](auto g, auto y) { return g * (decltype(y)(1) - y * y); });
+  });
+  reg(OpId::clamp_backward, [](const KernelArgs& a) {
+    const auto at = a.attr<ClampAttrs>();
+    binary_float(a, "clamp_backward", [at](auto g, auto x) {
+      using A = decltype(x);
+      const bool pass = (!at.has_min || x >= static_cast<A>(at.min)) && (!at.has_max || x <= static_cast<A>(at.max));
+      return pass ? g : A(0);
+    });
+  });
+}
+
+}  // namespace ampforge::cpu

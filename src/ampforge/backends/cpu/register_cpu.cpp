@@ -1,0 +1,12 @@
+// The CPU backend's entry point: registers every CPU kernel family. One line per family.
+#include "ampforge/backends/cpu/register.h"
+
+namespace ampforge {
+
+void register_cpu_backend() {
+  cpu::register_elementwise_cpu();
+  cpu::register_reduce_cpu();
+  cpu::register_blas_cpu();
+}
+
+}  // namespace ampforge

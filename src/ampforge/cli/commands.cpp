@@ -1,0 +1,11 @@
+#include "ampforge/cli/commands.h"
+
+namespace ampforge::cli {
+
+CommandList register_commands(CLI::App& app) {
+  CommandList list;
+  list.push_back(add_info_command(app));
+  return list;
+}
+
+}  // namespace ampforge::cli

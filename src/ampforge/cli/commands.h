@@ -1,0 +1,22 @@
+// Subcommand registry of the CLI: each cli/<name>.cpp adds its subcommand and returns how to run it.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace ampforge::cli {
+
+struct Command {
+  CLI::App* sub;
+  std::function<int()> run;  // returns the process exit code
+};
+using CommandList = std::vector<Command>;
+
+CommandList register_commands(CLI::App& app);
+
+// One registration function per subcommand file.
+Command add_info_command(CLI::App& app);
+
+}  // namespace ampforge::cli

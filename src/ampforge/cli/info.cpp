@@ -1,0 +1,27 @@
+// `ampforge info`: what this build contains (backends, kernels per device, threads).
+#include <cstdio>
+
+#include "ampforge/cli/commands.h"
+#include "ampforge/core/dispatch.h"
+#include "ampforge/util/build_info.h"
+#include "ampforge/util/thread_pool.h"
+
+namespace ampforge::cli {
+
+Command add_info_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("info", "Show what this build of ampforge contains");
+  return {sub, [] {
+            ensure_backends_registered();
+            int cpu = 0, cuda = 0;
+            for (int i = 0; i < kNumOps; ++i) {
+              cpu += has_kernel(static_cast<OpId>(i), DeviceType::CPU);
+              cuda += has_kernel(static_cast<OpId>(i), DeviceType::CUDA);
+            }
+            std::printf("ampforge %s (%s, %s)\n", AMPFORGE_VERSION_STRING, AMPFORGE_BUILD_TYPE, AMPFORGE_CXX_COMPILER);
+            std::printf("ops: %d; CPU kernels: %d; CUDA kernels: %d\n", kNumOps, cpu, cuda);
+            std::printf("CPU threads: %d\n", get_num_threads());
+            return 0;
+          }};
+}
+
+}  // namespace ampforge::cli

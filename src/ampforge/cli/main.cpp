@@ -1,0 +1,34 @@
+// ampforge: the command-line tool. One file per subcommand (cli/<name>.cpp); this file wires them up.
+// Exit codes: 0 success, 1 a check failed, 2 usage or input error.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "ampforge/cli/commands.h"
+#include "ampforge/util/build_info.h"
+#include "ampforge/util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ampforge: fast mixed-precision training, with the tools that make a GPU fast in practice"};
+  app.set_version_flag("--version", std::string("ampforge ") + AMPFORGE_VERSION_STRING + " (" + AMPFORGE_BUILD_TYPE +
+                                        ", " + AMPFORGE_CXX_COMPILER + ")");
+  app.require_subcommand(1);
+  ampforge::cli::CommandList commands = ampforge::cli::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& c : commands)
+      if (c.sub->parsed()) return c.run();
+  } catch (const ampforge::Error& e) {
+    std::fprintf(stderr, "ampforge: error: %s\n", e.what());
+    return e.kind() == ampforge::ErrorKind::Internal ? 3 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampforge: error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

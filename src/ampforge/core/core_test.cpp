@@ -1,0 +1,110 @@
+// Unit tests of core: dtypes, half conversions, shapes, tensors, views, dispatch errors, Philox.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ampforge/autograd/functions.h"
+#include "ampforge/core/dispatch.h"
+#include "ampforge/core/generator.h"
+#include "ampforge/ops/ops.h"
+
+using namespace ampforge;
+
+TEST(DType, TableAndPromotion) {
+  EXPECT_EQ(dtype_size(DType::F16), 2);
+  EXPECT_EQ(dtype_size(DType::F64), 8);
+  EXPECT_EQ(dtype_from_string("bf16"), DType::BF16);
+  EXPECT_THROW(dtype_from_string("f8"), Error);
+  EXPECT_EQ(promote_types(DType::F16, DType::BF16), DType::F32);
+  EXPECT_EQ(promote_types(DType::I64, DType::F16), DType::F16);
+  EXPECT_EQ(promote_types(DType::I32, DType::I64), DType::I64);
+}
+
+TEST(Philox, KnownAnswer) {
+  // Random123 known-answer test: philox4x32-10, counter 0, key 0.
+  auto w = philox4x32(0, 0);
+  EXPECT_EQ(w[0], 0x6627e8d5u);
+  EXPECT_EQ(w[1], 0xe169c58du);
+  EXPECT_EQ(w[2], 0xbc57ac4cu);
+  EXPECT_EQ(w[3], 0x9b00dbd8u);
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = arange(0, 24, 1, DType::F32).reshape({2, 3, 4});
+  Tensor p = t.permute({2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_FALSE(p.is_contiguous());
+  Tensor c = p.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  auto v = c.tolist<float>();
+  EXPECT_EQ(v[1], 4.0f);  // p[0,0,1] = t[0,1,0] = 4
+  Tensor n = t.narrow(2, 1, 2);
+  EXPECT_EQ(n.tolist<float>()[0], 1.0f);
+  EXPECT_THROW(t.view({5, -1}), Error);
+  EXPECT_THROW(p.view({24}), Error);
+  EXPECT_EQ(p.reshape({24}).numel(), 24);
+}
+
+TEST(Tensor, ChannelsLast) {
+  Tensor t = Tensor::empty({2, 3, 4, 5}, DType::F32, kCPU, MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(t.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(t.suggest_memory_format(), MemoryFormat::ChannelsLast);
+  Tensor x = randn({2, 3, 4, 5});
+  Tensor cl = x.contiguous(MemoryFormat::ChannelsLast);
+  EXPECT_EQ(cl.tolist<float>(), x.tolist<float>());
+  Tensor y = relu(cl);
+  EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
+}
+
+TEST(Tensor, BadInputIsAnError) {
+  Tensor a = zeros({2, 3}), b = zeros({4, 3});
+  try {
+    add(a, b);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("add"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("[2, 3]"), std::string::npos);
+  }
+  EXPECT_THROW(a.sum({2}), Error);
+  EXPECT_THROW(zeros({-1, 2}), Error);
+  EXPECT_THROW(matmul(zeros({2, 3}), zeros({4, 5})), Error);
+}
+
+TEST(Dispatch, UnregisteredDeviceIsAClearError) {
+  try {
+    Tensor::empty({2}, DType::F32, Device::parse("cuda:0"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos);
+  }
+}
+
+TEST(Autograd, SimpleChain) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor y = sum(mul(x, x));
+  y.backward();
+  EXPECT_EQ(x.grad().tolist<float>(), (std::vector<float>{2, 4, 6}));
+  EXPECT_THROW(y.backward(), Error);  // graph freed
+}
+
+TEST(Autograd, BroadcastAndAccumulate) {
+  Tensor w = ones({3}).requires_grad_();
+  Tensor x = ones({2, 3});
+  Tensor y = sum(mul(x, w));
+  y.backward();
+  y = sum(mul(x, w));
+  y.backward();
+  EXPECT_EQ(w.grad().tolist<float>(), (std::vector<float>{4, 4, 4}));
+}
+
+TEST(Autograd, MatmulGrad) {
+  Tensor a = randn({3, 4}).requires_grad_();
+  Tensor b = randn({4, 5}).requires_grad_();
+  sum(matmul(a, b)).backward();
+  // d/da sum(a@b) = ones(3,5) @ b^T -> row sums of b
+  auto gb = b.sum({1}).tolist<float>();
+  auto ga = a.grad().tolist<float>();
+  for (int i = 0; i < 3; ++i)
+    for (int k = 0; k < 4; ++k) EXPECT_NEAR(ga[i * 4 + k], gb[k], 1e-5);
+}

@@ -1,0 +1,122 @@
+// The op list: one line per kernel-level op. Everything keyed by op (the OpId enum, names, the
+// dispatch table, the autocast policy, the parity harness's coverage check) is generated from it.
+//
+// Columns: name, autocast category, differentiable (has a backward formula in autograd/).
+//   Lower    run in the autocast dtype (F16/BF16) under autocast — matmul, conv, ... (PyTorch's "lower_precision_fp")
+//   F32      run in F32 under autocast — softmax, losses, norms, exp/log/pow, sum (PyTorch's "fp32")
+//   Promote  inputs cast to the widest floating dtype among them (PyTorch's "promote")
+//   None     autocast leaves the inputs alone
+// Backward kernels are ops too (differentiable = false), so a backend can register them.
+// Composite functions (cat, stack, split, scaled_dot_product_attention, ...) have no entry: they are
+// written with these ops in autograd/functions/ and run on every backend that has the ops.
+#pragma once
+
+#include <cstdint>
+
+#define AF_FOR_EACH_OP(X)                              \
+  /* creation and copies */                            \
+  X(fill, None, false)                                 \
+  X(copy, None, false)                                 \
+  X(arange, None, false)                               \
+  X(rand_uniform, None, false)                         \
+  X(rand_normal, None, false)                          \
+  /* elementwise unary */                              \
+  X(neg, None, true)                                   \
+  X(abs, None, true)                                   \
+  X(sign, None, false)                                 \
+  X(exp, F32, true)                                    \
+  X(log, F32, true)                                    \
+  X(sqrt, None, true)                                  \
+  X(rsqrt, F32, true)                                  \
+  X(relu, None, true)                                  \
+  X(gelu, None, true)                                  \
+  X(silu, None, true)                                  \
+  X(sigmoid, None, true)                               \
+  X(tanh, None, true)                                  \
+  X(add_scalar, None, true)                            \
+  X(mul_scalar, None, true)                            \
+  X(pow_scalar, F32, true)                             \
+  X(clamp, None, true)                                 \
+  /* elementwise binary (broadcasting) */              \
+  X(add, Promote, true)                                \
+  X(sub, Promote, true)                                \
+  X(mul, Promote, true)                                \
+  X(div, Promote, true)                                \
+  X(pow, F32, true)                                    \
+  X(maximum, Promote, true)                            \
+  X(minimum, Promote, true)                            \
+  X(eq, Promote, false)                                \
+  X(ne, Promote, false)                                \
+  X(lt, Promote, false)                                \
+  X(le, Promote, false)                                \
+  X(gt, Promote, false)                                \
+  X(ge, Promote, false)                                \
+  X(where, Promote, true)                              \
+  /* elementwise backward */                           \
+  X(relu_backward, None, false)                        \
+  X(gelu_backward, None, false)                        \
+  X(silu_backward, None, false)                        \
+  X(sigmoid_backward, None, false)                     \
+  X(tanh_backward, None, false)                        \
+  X(clamp_backward, None, false)                       \
+  /* reductions */                                     \
+  X(sum, F32, true)                                    \
+  X(mean, F32, true)                                   \
+  X(amax, None, true)                                  \
+  X(amin, None, true)                                  \
+  X(argmax, None, false)                               \
+  X(argmin, None, false)                               \
+  X(var, F32, true)                                    \
+  /* linear algebra */                                 \
+  X(matmul, Lower, true)                               \
+  X(linear, Lower, true)                               \
+  /* convolution and pooling */                        \
+  X(conv2d, Lower, true)                               \
+  X(conv2d_backward_input, None, false)                \
+  X(conv2d_backward_weight, None, false)               \
+  X(max_pool2d, None, true)                            \
+  X(max_pool2d_backward, None, false)                  \
+  X(avg_pool2d, None, true)                            \
+  X(avg_pool2d_backward, None, false)                  \
+  X(adaptive_avg_pool2d, None, true)                   \
+  X(adaptive_avg_pool2d_backward, None, false)         \
+  X(upsample_nearest2d, None, true)                    \
+  X(upsample_nearest2d_backward, None, false)          \
+  /* normalisation */                                  \
+  X(batch_norm, F32, true)                             \
+  X(batch_norm_backward, None, false)                  \
+  X(layer_norm, F32, true)                             \
+  X(layer_norm_backward, None, false)                  \
+  /* softmax and losses */                             \
+  X(softmax, F32, true)                                \
+  X(softmax_backward, None, false)                     \
+  X(log_softmax, F32, true)                            \
+  X(log_softmax_backward, None, false)                 \
+  X(cross_entropy, F32, true)                          \
+  X(cross_entropy_backward, None, false)               \
+  X(bce_with_logits, F32, true)                        \
+  X(bce_with_logits_backward, None, false)             \
+  /* indexing and shape */                             \
+  X(embedding, None, true)                             \
+  X(embedding_backward, None, false)                   \
+  X(dropout, None, true)
+
+namespace ampforge {
+
+enum class OpId : uint16_t {
+#define AF_OP_ENUM(name, amp, diff) name,
+  AF_FOR_EACH_OP(AF_OP_ENUM)
+#undef AF_OP_ENUM
+};
+
+#define AF_OP_COUNT_ONE(...) +1
+inline constexpr int kNumOps = 0 AF_FOR_EACH_OP(AF_OP_COUNT_ONE);
+#undef AF_OP_COUNT_ONE
+
+enum class AmpCategory : uint8_t { None, Lower, F32, Promote };
+
+const char* op_name(OpId op);
+AmpCategory op_amp_category(OpId op);
+bool op_differentiable(OpId op);
+
+}  // namespace ampforge

@@ -1,0 +1,140 @@
+// ops/: elementwise unary, binary, comparison, where.
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::ops {
+
+MemoryFormat output_format(const Tensor& a, const Shape& out_shape) {
+  if (a.shape() == out_shape && out_shape.size() == 4) return a.suggest_memory_format();
+  return MemoryFormat::Contiguous;
+}
+
+namespace {
+
+bool is_float_only(OpId op) {
+  switch (op) {
+    case OpId::exp:
+    case OpId::log:
+    case OpId::sqrt:
+    case OpId::rsqrt:
+    case OpId::relu:
+    case OpId::gelu:
+    case OpId::silu:
+    case OpId::sigmoid:
+    case OpId::tanh:
+    case OpId::pow_scalar:
+    case OpId::div:
+    case OpId::pow:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+Tensor unary(OpId op, const Tensor& x_in, const void* attrs) {
+  check_defined(x_in, op_name(op), "input");
+  Tensor x = x_in;
+  if (is_float_only(op) && !x.is_floating_point()) x = to_dtype(x, DType::F32);
+  AF_CHECK(x.dtype() != DType::Bool, "{}: Bool tensors are not supported", op_name(op));
+  Tensor out = empty_like(x);
+  dispatch(op, x.device(), {x}, {out}, attrs);
+  return out;
+}
+
+Tensor add_scalar(const Tensor& x, double s) {
+  ScalarAttrs at{s};
+  return unary(OpId::add_scalar, x, &at);
+}
+Tensor mul_scalar(const Tensor& x, double s) {
+  ScalarAttrs at{s};
+  return unary(OpId::mul_scalar, x, &at);
+}
+Tensor pow_scalar(const Tensor& x, double s) {
+  ScalarAttrs at{s};
+  return unary(OpId::pow_scalar, x, &at);
+}
+void mul_scalar_(const Tensor& x, double s) {
+  ScalarAttrs at{s};
+  dispatch(OpId::mul_scalar, x.device(), {x}, {x}, &at);
+  x.storage()->bump_version();
+}
+
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  AF_CHECK(min || max, "clamp: at least one of min and max must be given");
+  if (min && max) AF_CHECK(*min <= *max, "clamp: min ({}) must not exceed max ({})", *min, *max);
+  ClampAttrs at{min.value_or(0), max.value_or(0), min.has_value(), max.has_value()};
+  return unary(OpId::clamp, x, &at);
+}
+
+Tensor gelu(const Tensor& x, GeluApprox approximate) {
+  GeluAttrs at{approximate};
+  return unary(OpId::gelu, x, &at);
+}
+
+Tensor binary(OpId op, const Tensor& a_in, const Tensor& b_in, const void* attrs) {
+  check_defined(a_in, op_name(op), "input");
+  check_defined(b_in, op_name(op), "other");
+  check_same_device(a_in, b_in, op_name(op));
+  const Shape shape = broadcast_shapes(a_in.shape(), b_in.shape(), op_name(op));
+  DType dt = promote_types(a_in.dtype(), b_in.dtype());
+  if (is_float_only(op) && !dtype_is_float(dt)) dt = DType::F32;  // true division, as in PyTorch
+  AF_CHECK(dt != DType::Bool, "{}: arithmetic on Bool tensors is not supported", op_name(op));
+  Tensor a = to_dtype(a_in, dt), b = to_dtype(b_in, dt);
+  MemoryFormat fmt = output_format(a, shape);
+  if (fmt == MemoryFormat::Contiguous) fmt = output_format(b, shape);
+  Tensor out = Tensor::empty(shape, dt, a.device(), fmt);
+  dispatch(op, a.device(), {a, b}, {out}, attrs);
+  return out;
+}
+
+void binary_(OpId op, const Tensor& a, const Tensor& b_in) {
+  check_defined(a, op_name(op), "self");
+  check_defined(b_in, op_name(op), "other");
+  check_same_device(a, b_in, op_name(op));
+  const Shape shape = broadcast_shapes(a.shape(), b_in.shape(), op_name(op));
+  AF_CHECK(shape == a.shape(), "{}_: the result shape {} differs from the in-place target's shape {}", op_name(op),
+           shape.str(), a.shape().str());
+  Tensor b = to_dtype(b_in, a.dtype());
+  dispatch(op, a.device(), {a, b}, {a});
+  a.storage()->bump_version();
+}
+
+Tensor compare(OpId op, const Tensor& a_in, const Tensor& b_in) {
+  check_defined(a_in, op_name(op), "input");
+  check_defined(b_in, op_name(op), "other");
+  check_same_device(a_in, b_in, op_name(op));
+  const Shape shape = broadcast_shapes(a_in.shape(), b_in.shape(), op_name(op));
+  const DType dt = promote_types(a_in.dtype(), b_in.dtype());
+  Tensor a = to_dtype(a_in, dt), b = to_dtype(b_in, dt);
+  Tensor out = Tensor::empty(shape, DType::Bool, a.device(), output_format(a, shape));
+  dispatch(op, a.device(), {a, b}, {out});
+  return out;
+}
+
+Tensor where(const Tensor& cond, const Tensor& a_in, const Tensor& b_in) {
+  check_defined(cond, "where", "condition");
+  check_defined(a_in, "where", "input");
+  check_defined(b_in, "where", "other");
+  AF_CHECK(cond.dtype() == DType::Bool, "where: the condition must be a Bool tensor, got {}", dtype_name(cond.dtype()));
+  check_same_device(cond, a_in, "where");
+  check_same_device(a_in, b_in, "where");
+  Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a_in.shape(), b_in.shape(), "where"), "where");
+  const DType dt = promote_types(a_in.dtype(), b_in.dtype());
+  Tensor a = to_dtype(a_in, dt), b = to_dtype(b_in, dt);
+  Tensor out = Tensor::empty(shape, dt, a.device(), output_format(a, shape));
+  dispatch(OpId::where, a.device(), {cond, a, b}, {out});
+  return out;
+}
+
+Tensor pointwise_backward(OpId op, const Tensor& grad, const Tensor& saved, const void* attrs) {
+  check_same_device(grad, saved, op_name(op));
+  AF_ASSERT(grad.shape() == saved.shape(), "{}: grad shape {} vs saved {}", op_name(op), grad.shape().str(),
+            saved.shape().str());
+  Tensor g = to_dtype(grad, saved.dtype());
+  Tensor out = empty_like(saved);
+  dispatch(op, saved.device(), {g, saved}, {out}, attrs);
+  return out;
+}
+
+}  // namespace ampforge::ops

@@ -1,0 +1,191 @@
+// Thread pool behind parallel_for. Workers spin briefly on a generation counter before sleeping on a
+// condition variable: kernels are launched hundreds of times per training step and a futex wake-up
+// costs tens of microseconds, while a short spin costs nothing when the next kernel follows at once.
+#include "ampforge/util/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ampforge/util/env.h"
+#include "ampforge/util/error.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace ampforge {
+namespace {
+
+thread_local bool t_in_parallel = false;
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) { start(n); }
+  ~ThreadPool() { stop(); }
+
+  int size() const { return num_threads_; }
+
+  void resize(int n) {
+    std::lock_guard<std::mutex> job_lock(job_mutex_);
+    stop();
+    start(n);
+  }
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    grain = std::max<int64_t>(grain, 1);
+    int64_t parts = std::min<int64_t>(num_threads_, (n + grain - 1) / grain);
+    // Serial when there is one part, when nested, or when another thread holds the pool.
+    std::unique_lock<std::mutex> job_lock(job_mutex_, std::defer_lock);
+    if (parts <= 1 || t_in_parallel || !job_lock.try_lock()) {
+      bool was = t_in_parallel;
+      t_in_parallel = true;
+      try {
+        fn(0, n);
+      } catch (...) {
+        t_in_parallel = was;
+        throw;
+      }
+      t_in_parallel = was;
+      return;
+    }
+    fn_.store(&fn, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed);
+    error_ = nullptr;
+    remaining_.store(parts, std::memory_order_relaxed);
+    // One word holds (job sequence, part count, next part): a worker claims a part with a CAS on it,
+    // so a worker still finishing the previous job can never claim a part of this one by mistake, and
+    // the release here publishes fn_ and n_ to whoever claims.
+    job_seq_ = (job_seq_ + 1) & kSeqMask;
+    claim_.store((job_seq_ << 40) | (static_cast<uint64_t>(parts) << 20), std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lk(wake_mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_cv_.notify_all();
+    t_in_parallel = true;
+    work();
+    t_in_parallel = false;
+    // Wait for the parts other threads claimed.
+    int spins = 0;
+    while (remaining_.load(std::memory_order_acquire) != 0) {
+      if (++spins > 4000) std::this_thread::yield();
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void start(int n) {
+    num_threads_ = std::max(1, n);
+    quit_ = false;
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(wake_mutex_);
+      quit_ = true;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  // Claims parts until none is left. Each part is a fixed range, so who runs it does not matter.
+  void work() {
+    for (;;) {
+      uint64_t cur = claim_.load(std::memory_order_acquire);
+      int64_t p, parts;
+      do {
+        parts = static_cast<int64_t>((cur >> 20) & kPartMask);
+        p = static_cast<int64_t>(cur & kPartMask);
+        if (p >= parts) return;
+      } while (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire));
+      const int64_t n = n_.load(std::memory_order_relaxed);
+      const int64_t begin = n * p / parts, end = n * (p + 1) / parts;
+      try {
+        (*fn_.load(std::memory_order_relaxed))(begin, end);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  void worker_loop() {
+    t_in_parallel = true;
+    uint64_t seen = generation_.load(std::memory_order_acquire);
+    for (;;) {
+      // Spin a little, then sleep.
+      int spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen && spins < 20000) {
+        ++spins;
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (generation_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock<std::mutex> lk(wake_mutex_);
+        wake_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (quit_) return;
+      work();
+    }
+  }
+
+  int num_threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex job_mutex_;  // one job at a time
+  std::mutex wake_mutex_;
+  std::condition_variable wake_cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> quit_{false};
+  std::atomic<const std::function<void(int64_t, int64_t)>*> fn_{nullptr};
+  std::atomic<int64_t> n_{0};
+  static constexpr uint64_t kPartMask = (1u << 20) - 1, kSeqMask = (1u << 24) - 1;
+  std::atomic<uint64_t> claim_{0};  // seq:24 | parts:20 | next:20; parts == 0 when no job is open
+  uint64_t job_seq_ = 0;
+  std::atomic<int64_t> remaining_{0};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+};
+
+int default_threads() {
+  int64_t env = env_int("AMPFORGE_NUM_THREADS", 0);
+  if (env > 0) return static_cast<int>(env);
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+ThreadPool& pool() {
+  static ThreadPool* p = [] {
+    openblas_set_num_threads(1);  // GEMMs are partitioned by ampforge across this pool
+    return new ThreadPool(default_threads());
+  }();
+  return *p;
+}
+
+}  // namespace
+
+int get_num_threads() { return pool().size(); }
+
+void set_num_threads(int n) {
+  AF_CHECK(n >= 1, "set_num_threads: expected a thread count >= 1, got {}", n);
+  openblas_set_num_threads(1);
+  if (n != pool().size()) pool().resize(n);
+}
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  pool().run(n, grain, fn);
+}
+
+bool in_parallel_region() { return t_in_parallel; }
+
+}  // namespace ampforge

@@ -1,0 +1,26 @@
+// A fixed-size thread pool for the CPU kernels, with one primitive: parallel_for.
+//
+// Contract: parallel_for(n, grain, fn) calls fn(begin, end) on disjoint ranges covering [0, n).
+// Partitioning is static and depends only on (n, grain, thread count), so a kernel whose ranges
+// do not interact gives bit-identical results run after run. Kernels that must be identical for
+// every thread count (RNG, reductions) partition by fixed-size chunks instead (see docs/ARCHITECTURE.md).
+// Nested calls from inside a worker run serially on that worker (no oversubscription, no deadlock).
+// Exceptions thrown by fn are rethrown on the calling thread (the first one wins).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace ampforge {
+
+// Number of threads kernels use (default: hardware concurrency, or AMPFORGE_NUM_THREADS).
+int get_num_threads();
+// Changes the pool size (also sets the BLAS thread count to 1: ampforge partitions GEMMs itself).
+void set_num_threads(int n);
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// True when the caller is a pool worker (or inside a parallel region).
+bool in_parallel_region();
+
+}  // namespace ampforge
