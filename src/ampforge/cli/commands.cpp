@@ -5,6 +5,10 @@ namespace ampforge::cli {
 CommandList register_commands(CLI::App& app) {
   CommandList list;
   list.push_back(add_info_command(app));
+  list.push_back(add_train_command(app));
+  list.push_back(add_doctor_command(app));
+  list.push_back(add_monitor_command(app));
+  list.push_back(add_memory_command(app));
   return list;
 }
 

@@ -18,5 +18,9 @@ CommandList register_commands(CLI::App& app);
 
 // One registration function per subcommand file.
 Command add_info_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_doctor_command(CLI::App& app);
+Command add_monitor_command(CLI::App& app);
+Command add_memory_command(CLI::App& app);
 
 }  // namespace ampforge::cli

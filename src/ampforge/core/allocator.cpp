@@ -11,6 +11,7 @@ namespace ampforge {
 namespace {
 
 std::atomic<int64_t> g_host_bytes{0};
+std::atomic<int64_t> g_host_peak{0};
 
 class HostAllocator final : public Allocator {
  public:
@@ -21,7 +22,11 @@ class HostAllocator final : public Allocator {
     if (p == nullptr)
       AF_THROW(OutOfMemory, "out of host memory: could not allocate {} bytes ({:.2f} MiB already allocated by ampforge)",
                nbytes, static_cast<double>(g_host_bytes.load()) / (1 << 20));
-    g_host_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+    const int64_t now = g_host_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) +
+                        static_cast<int64_t>(nbytes);
+    int64_t peak = g_host_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
     return p;
   }
   void deallocate(void* ptr, size_t nbytes, Device) noexcept override {
@@ -49,6 +54,8 @@ Allocator* host_allocator() {
 }
 
 int64_t host_allocator_bytes_in_use() { return g_host_bytes.load(std::memory_order_relaxed); }
+int64_t host_allocator_peak_bytes() { return g_host_peak.load(std::memory_order_relaxed); }
+void host_allocator_reset_peak() { g_host_peak.store(g_host_bytes.load()); }
 
 Allocator* get_allocator(DeviceType type) { return table()[static_cast<int>(type)].load(std::memory_order_acquire); }
 

@@ -54,6 +54,9 @@ struct Conv2dAttrs {
   int64_t padding[2] = {0, 0};
   int64_t dilation[2] = {1, 1};
   int64_t groups = 1;
+  // Upper bound, in bytes, of the CPU kernels' scratch (im2col columns plus staging) per batch of images;
+  // 0: the backend's default (64 MiB). At least one image is always processed at a time.
+  int64_t max_scratch_bytes = 0;
 };
 
 struct Pool2dAttrs {
@@ -63,6 +66,7 @@ struct Pool2dAttrs {
   int64_t dilation[2] = {1, 1};
   bool ceil_mode = false;
   bool count_include_pad = true;  // avg_pool2d
+  int64_t output_size[2] = {0, 0};  // adaptive_avg_pool2d (and its backward): (out_h, out_w)
 };
 
 struct UpsampleAttrs {
@@ -112,6 +116,28 @@ struct DropoutAttrs {
 struct AttentionAttrs {
   bool causal = false;
   double scale = 0;  // 0: 1/sqrt(head_dim)
+};
+
+// Fused optimizer steps over flat buffers. Inputs: param, grad, state buffers..., and optionally a
+// one-element F32 `found_inf` tensor: when it holds a non-zero value the step is skipped on the device
+// (GradScaler), leaving every buffer untouched.
+struct AdamWAttrs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+  int64_t step = 1;  // 1-based step number after increment (bias corrections use it)
+};
+
+struct SgdAttrs {
+  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = false;  // momentum buffer is initialised to the gradient on the first step
+};
+
+// GradScaler's scale update (torch's _amp_update_scale_): on found_inf, scale *= backoff and the
+// growth tracker resets; otherwise the tracker counts up and, at growth_interval, scale *= growth
+// (only if the grown scale is finite) and the tracker resets.
+struct AmpUpdateAttrs {
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
 };
 
 }  // namespace ampforge

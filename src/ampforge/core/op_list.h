@@ -3,7 +3,10 @@
 //
 // Columns: name, autocast category, differentiable (has a backward formula in autograd/).
 //   Lower    run in the autocast dtype (F16/BF16) under autocast — matmul, conv, ... (PyTorch's "lower_precision_fp")
-//   F32      run in F32 under autocast — softmax, losses, norms, exp/log/pow, sum (PyTorch's "fp32")
+//   F32      run in F32 under autocast — softmax, losses, layer_norm, exp/log/pow, sum (PyTorch's "fp32")
+// The categories follow PyTorch's CUDA autocast lists (docs: "CUDA Ops that can autocast to float16 /
+// float32"): batch_norm, mean and var are in neither list, so they keep their input dtype (batch_norm
+// still accumulates its statistics in F32 and keeps F32 running statistics).
 //   Promote  inputs cast to the widest floating dtype among them (PyTorch's "promote")
 //   None     autocast leaves the inputs alone
 // Backward kernels are ops too (differentiable = false), so a backend can register them.
@@ -61,12 +64,12 @@
   X(clamp_backward, None, false)                       \
   /* reductions */                                     \
   X(sum, F32, true)                                    \
-  X(mean, F32, true)                                   \
+  X(mean, None, true)                                  \
   X(amax, None, true)                                  \
   X(amin, None, true)                                  \
   X(argmax, None, false)                               \
   X(argmin, None, false)                               \
-  X(var, F32, true)                                    \
+  X(var, None, true)                                   \
   /* linear algebra */                                 \
   X(matmul, Lower, true)                               \
   X(linear, Lower, true)                               \
@@ -83,7 +86,7 @@
   X(upsample_nearest2d, None, true)                    \
   X(upsample_nearest2d_backward, None, false)          \
   /* normalisation */                                  \
-  X(batch_norm, F32, true)                             \
+  X(batch_norm, None, true)                            \
   X(batch_norm_backward, None, false)                  \
   X(layer_norm, F32, true)                             \
   X(layer_norm_backward, None, false)                  \
@@ -99,7 +102,13 @@
   /* indexing and shape */                             \
   X(embedding, None, true)                             \
   X(embedding_backward, None, false)                   \
-  X(dropout, None, true)
+  X(dropout, None, true)                               \
+  /* optimizers (fused over flat buffers) */           \
+  X(adamw_step, None, false)                           \
+  X(sgd_step, None, false)                             \
+  /* mixed precision (GradScaler state stays on the device) */ \
+  X(amp_unscale, None, false)                          \
+  X(amp_update_scale, None, false)
 
 namespace ampforge {
 

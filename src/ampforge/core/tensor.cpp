@@ -68,6 +68,16 @@ Tensor Tensor::as_strided_raw(const Shape& shape, const Strides& strides, int64_
   return Tensor(std::make_shared<TensorImpl>(impl_->storage, shape, strides, offset, impl_->dtype));
 }
 
+void Tensor::set_data(const Tensor& src) const {
+  AF_CHECK(defined() && src.defined(), "set_data: both tensors must be defined");
+  AF_CHECK(is_leaf(), "set_data: only leaf tensors (parameters, buffers) can be rebound");
+  impl_->storage = src.impl_->storage;
+  impl_->shape = src.impl_->shape;
+  impl_->strides = src.impl_->strides;
+  impl_->offset = src.impl_->offset;
+  impl_->dtype = src.impl_->dtype;
+}
+
 AutogradMeta& Tensor::autograd_meta() const {
   if (!impl_->autograd) impl_->autograd = std::make_unique<AutogradMeta>();
   return *impl_->autograd;

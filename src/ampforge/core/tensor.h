@@ -94,6 +94,10 @@ class Tensor {
 
   // ---- raw view (shares storage; no autograd edge) -------------------------------------------------
   Tensor as_strided_raw(const Shape& shape, const Strides& strides, int64_t offset) const;
+  // Makes this tensor (every handle to it) refer to src's data: storage, shape, strides, offset, dtype.
+  // Autograd metadata (requires_grad, grad) stays. Used to move parameters into flat buffers, or to
+  // another dtype/device, without breaking the handles modules and optimizers hold.
+  void set_data(const Tensor& src) const;
 
   // ---- autograd -----------------------------------------------------------------------------------
   bool requires_grad() const;

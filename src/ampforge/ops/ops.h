@@ -7,6 +7,7 @@
 // which bumps its version counter). Shapes in comments are (N, C, H, W)-style.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <vector>
 
@@ -94,6 +95,130 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
 Tensor expand(const Tensor& t, const Shape& shape);
 Tensor squeeze_dim(const Tensor& t, int64_t dim);
 Tensor unsqueeze(const Tensor& t, int64_t dim);
+
+// ---- optimizers (fused, over flat buffers; everything in place) -----------------------------------
+// param/exp_avg/exp_avg_sq: F32 flat buffers; grad: same length, F32 or 16-bit; found_inf: optional
+// one-element F32 (non-zero skips the step); model_param: optional 16-bit copy written after the update
+// (master-weight mode).
+void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                 const AdamWAttrs& attrs, const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor());
+void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdAttrs& attrs,
+               const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor());
+
+// ---- normalisation (ops/norm.cpp) -----------------------------------------------------------------
+// Statistics outputs (save_mean, save_invstd, mean, rstd) are F32, or F64 for F64 inputs.
+struct BatchNormResult {
+  Tensor out;          // x's shape, dtype and memory format (contiguous or channels-last)
+  Tensor save_mean;    // (C): batch mean (training) or running_mean (eval)
+  Tensor save_invstd;  // (C): 1/sqrt(var + eps) of the batch (biased) or running variance
+};
+// x (N, C, *); weight, bias, running_mean, running_var: (C) or undefined. Training updates the running
+// stats in place (momentum, unbiased variance). Eval requires the running stats.
+BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, const BatchNormAttrs& attrs);
+struct NormGrads {
+  Tensor grad_input, grad_weight, grad_bias;  // undefined where not asked for
+};
+// want = {input, weight, bias}: which gradients to compute (weight/bias only when weight is defined).
+NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want);
+struct LayerNormResult {
+  Tensor out;   // x's shape, contiguous
+  Tensor mean;  // (*leading, 1, ..., 1): one per normalised row
+  Tensor rstd;  // same shape as mean
+};
+// Normalises over the trailing dims equal to normalized_shape; weight, bias: normalized_shape or undefined.
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                           double eps);
+NormGrads layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& weight, int normalized_dims, std::array<bool, 3> want);
+
+// ---- softmax and losses (ops/softmax.cpp) ---------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Backward from the forward output y: (grad, y) -> grad_x.
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim);
+Tensor log_softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim);
+struct CrossEntropyResult {
+  Tensor loss;  // (N, d...) for Reduction::None, else 0-d; logits' dtype
+  Tensor lse;   // (N, d...) log-sum-exp of each row (F32, or F64 for F64 logits), for the backward
+};
+// logits (N, C) or (N, C, d1, ...); target (N) or (N, d1, ...) class indices (I64; I32 is converted).
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyAttrs& attrs);
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              const CrossEntropyAttrs& attrs);
+// logits and target of the same shape (target converted to logits' dtype).
+Tensor bce_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction);
+Tensor bce_with_logits_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, Reduction reduction);
+
+// ---- embedding and dropout (ops/index.cpp) ---------------------------------------------------------
+// weight (V, D), indices any shape (I64 or I32) -> (*indices, D). padding_idx: -1 (none) or in [0, V).
+Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx = -1);
+// Sum of grad rows into a (V, D) tensor of grad's dtype; the padding_idx row stays zero.
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t num_weights, int64_t padding_idx = -1);
+struct DropoutResult {
+  Tensor out;   // x's shape and dtype, contiguous
+  Tensor mask;  // Bool, true = kept
+};
+// Always draws (callers handle eval / p == 0 as the identity); p in [0, 1]. Reserves numel values of `gen`
+// (default: the global generator).
+DropoutResult dropout(const Tensor& x, double p, Generator* gen = nullptr);
+
+// ---- convolution, pooling, upsampling (ops/conv.cpp, ops/pool.cpp) --------------------------------
+// Images are (N, C, H, W), contiguous or channels-last (other layouts are accepted and copied or read
+// through strides). Outputs and input gradients take image_memory_format() of the input / grad_output.
+// Dtypes: F32, F64, F16, BF16 (16-bit computed in float); all operands of one dtype and device.
+//
+// The layout of image x: channels-last when x is laid out so, else Contiguous. When size-1 dims make both
+// hold (C == 1), it is channels-last only with channel stride 1 (as PyTorch's suggest_memory_format).
+MemoryFormat image_memory_format(const Tensor& x);
+// conv2d's output layout: channels-last when x or the weight is (PyTorch's rule, which keeps a
+// single-channel first layer channels-last when its weight is).
+MemoryFormat conv2d_memory_format(const Tensor& x, const Tensor& weight);
+// x itself when contiguous in `format`, else a copy laid out so.
+Tensor to_image_layout(const Tensor& x, MemoryFormat format);
+// Checks input (N, C, H, W) against weight (C_out, C / groups, kH, kW) and attrs (errors name "conv2d");
+// returns (N, C_out, OH, OW) with OH = floor((H + 2p - d*(kH-1) - 1) / s) + 1.
+Shape conv2d_output_shape(const Shape& input_shape, const Shape& weight_shape, const Conv2dAttrs& attrs);
+// x (N, C, H, W), weight (C_out, C / groups, kH, kW), bias (C_out) or undefined -> (N, C_out, OH, OW)
+// laid out as conv2d_memory_format(x, weight).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dAttrs& attrs);
+// Backward kernels: `format` is the input gradient's layout (the forward's choice); Preserve takes
+// image_memory_format(grad_out).
+// grad_out (N, C_out, OH, OW), weight -> grad_input of input_shape.
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dAttrs& attrs, MemoryFormat format = MemoryFormat::Preserve);
+// grad_out (N, C_out, OH, OW), x -> grad_weight of weight_shape (contiguous). The bias gradient is
+// sum(grad_out, {0, 2, 3}).
+Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& weight_shape,
+                              const Conv2dAttrs& attrs);
+// PyTorch's pooling output size; with ceil_mode the last window must start inside the input or the left
+// padding.
+int64_t pool2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation,
+                           bool ceil_mode);
+// (values, indices): indices I64 of the output's shape and layout, h * W + w within each (n, c) plane.
+// padding <= kernel / 2 per dim; the output must be at least 1x1.
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dAttrs& attrs);
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape,
+                           const Pool2dAttrs& attrs, MemoryFormat format = MemoryFormat::Preserve);
+// No dilation (must be 1); count_include_pad and ceil_mode as PyTorch.
+Tensor avg_pool2d(const Tensor& x, const Pool2dAttrs& attrs);
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, const Pool2dAttrs& attrs,
+                           MemoryFormat format = MemoryFormat::Preserve);
+// Window i spans [floor(i * In / Out), ceil((i + 1) * In / Out)) in each spatial dim.
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape,
+                                    MemoryFormat format = MemoryFormat::Preserve);
+// (N, C, H, W) -> (N, C, H * scale_h, W * scale_w); integer scales >= 1.
+Tensor upsample_nearest2d(const Tensor& x, int64_t scale_h, int64_t scale_w);
+Tensor upsample_nearest2d_backward(const Tensor& grad_out, const Shape& input_shape, int64_t scale_h, int64_t scale_w,
+                                   MemoryFormat format = MemoryFormat::Preserve);
+
+// ---- mixed precision (GradScaler) ------------------------------------------------------------------
+// grads *= inv_scale in place, and found_inf = 1 if any grad is Inf/NaN (one fused pass).
+void amp_unscale_(const Tensor& grads, const Tensor& inv_scale, const Tensor& found_inf);
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& found_inf,
+                       const AmpUpdateAttrs& attrs);
 
 // ---- helpers for ops/ -----------------------------------------------------------------------------
 // Output memory format for an op with these inputs: channels-last when a full-shape input is.

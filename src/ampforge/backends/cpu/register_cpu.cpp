@@ -7,6 +7,13 @@ void register_cpu_backend() {
   cpu::register_elementwise_cpu();
   cpu::register_reduce_cpu();
   cpu::register_blas_cpu();
+  cpu::register_conv_cpu();
+  cpu::register_pool_cpu();
+  cpu::register_norm_cpu();
+  cpu::register_softmax_cpu();
+  cpu::register_index_cpu();
+  cpu::register_optim_cpu();
+  cpu::register_amp_cpu();
 }
 
 }  // namespace ampforge

@@ -1,0 +1,128 @@
+#include "ampforge/amp/grad_scaler.h"
+
+#include <cmath>
+
+#include "ampforge/autograd/functions.h"
+#include "ampforge/autograd/node.h"
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::amp {
+
+namespace {
+constexpr double kStateVersion = 1;
+}
+
+GradScaler::GradScaler(GradScalerOptions opt) : opt_(opt) {
+  AF_CHECK(opt.init_scale > 0 && std::isfinite(opt.init_scale), "GradScaler: init_scale must be positive and finite");
+  AF_CHECK(opt.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got {}", opt.growth_factor);
+  AF_CHECK(opt.backoff_factor > 0 && opt.backoff_factor < 1.0, "GradScaler: backoff_factor must be in (0, 1), got {}",
+           opt.backoff_factor);
+  AF_CHECK(opt.growth_interval > 0, "GradScaler: growth_interval must be positive, got {}", opt.growth_interval);
+}
+
+void GradScaler::lazy_init(Device device) {
+  if (scale_.defined()) return;
+  scale_ = ops::full({}, opt_.init_scale, DType::F32, device);
+  growth_tracker_ = ops::zeros({}, DType::I32, device);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) {
+  if (!opt_.enabled) return loss;
+  check_defined(loss, "GradScaler::scale", "loss");
+  lazy_init(loss.device());
+  AF_CHECK(loss.device() == scale_.device(), "GradScaler::scale: loss is on {}, the scaler's state on {}",
+           loss.device().str(), scale_.device().str());
+  // Scale in F32 (the loss may be 16-bit; PyTorch multiplies by the F32 scale tensor too).
+  return mul(loss.to(DType::F32), scale_);
+}
+
+void GradScaler::unscale_(optim::Optimizer& o) {
+  if (!opt_.enabled) return;
+  AF_CHECK(scale_.defined(), "GradScaler::unscale_: no scale yet; call scale(loss) earlier in the iteration");
+  PerOptimizer& st = per_opt_[o.id()];
+  AF_CHECK(st.stage != Stage::Unscaled, "GradScaler::unscale_() has already been called on this optimizer since the "
+                                        "last update()");
+  AF_CHECK(st.stage != Stage::Stepped, "GradScaler::unscale_() is being called after step()");
+  autograd::NoGradGuard ng;
+  // inv_scale in double then rounded, as PyTorch computes scale.double().reciprocal().float().
+  Tensor inv = ops::to_dtype(ops::div(ops::ones({}, DType::F64, scale_.device()), ops::to_dtype(scale_, DType::F64)),
+                             DType::F32);
+  st.found_inf = ops::zeros({}, DType::F32, scale_.device());
+  for (const Tensor& g : o.grad_buffers()) ops::amp_unscale_(g, inv, st.found_inf);
+  st.stage = Stage::Unscaled;
+}
+
+bool GradScaler::step(optim::Optimizer& o) {
+  if (!opt_.enabled) {
+    o.step();
+    return true;
+  }
+  AF_CHECK(scale_.defined(), "GradScaler::step: attempted step but the scale is not initialised; this may indicate "
+                             "your loop did not use scaler.scale(loss) earlier in the iteration");
+  PerOptimizer& st = per_opt_[o.id()];
+  AF_CHECK(st.stage != Stage::Stepped, "GradScaler::step() has already been called since the last update()");
+  if (st.stage == Stage::Ready) unscale_(o);
+  const bool overflow = st.found_inf.item() != 0.0;  // the one host read per step
+  if (!overflow) o.step();
+  else ++skipped_;
+  st.stage = Stage::Stepped;
+  return !overflow;
+}
+
+void GradScaler::update(std::optional<double> new_scale) {
+  if (!opt_.enabled) return;
+  AF_CHECK(scale_.defined(), "GradScaler::update: no scale yet; call scale(loss) first");
+  autograd::NoGradGuard ng;
+  if (new_scale) {
+    AF_CHECK(*new_scale > 0 && std::isfinite(*new_scale), "GradScaler::update: new_scale must be positive and finite");
+    ops::fill_(scale_, *new_scale);
+  } else {
+    std::vector<Tensor> founds;
+    for (auto& [id, st] : per_opt_)
+      if (st.found_inf.defined()) founds.push_back(st.found_inf);
+    AF_CHECK(!founds.empty(), "GradScaler::update: no inf checks were recorded prior to update() (call step() or "
+                              "unscale_() first)");
+    Tensor combined = founds[0];
+    for (size_t i = 1; i < founds.size(); ++i) combined = ops::add(combined, founds[i]);
+    AmpUpdateAttrs at{opt_.growth_factor, opt_.backoff_factor, opt_.growth_interval};
+    ops::amp_update_scale_(scale_, growth_tracker_, combined, at);
+  }
+  per_opt_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!opt_.enabled) return 1.0;
+  return scale_.defined() ? scale_.item() : opt_.init_scale;
+}
+
+int64_t GradScaler::growth_tracker() const {
+  return growth_tracker_.defined() ? static_cast<int64_t>(growth_tracker_.item()) : 0;
+}
+
+std::map<std::string, double> GradScaler::state_dict() const {
+  if (!opt_.enabled) return {};
+  return {{"scale", get_scale()},
+          {"growth_factor", opt_.growth_factor},
+          {"backoff_factor", opt_.backoff_factor},
+          {"growth_interval", static_cast<double>(opt_.growth_interval)},
+          {"_growth_tracker", static_cast<double>(growth_tracker())},
+          {"version", kStateVersion}};
+}
+
+void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
+  AF_CHECK(opt_.enabled, "GradScaler::load_state_dict: this scaler is disabled");
+  AF_CHECK(!state.empty(), "GradScaler::load_state_dict: the source state dict is empty, possibly because it was "
+                           "saved from a disabled GradScaler");
+  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker", "version"})
+    AF_CHECK(state.count(k), "GradScaler::load_state_dict: missing key '{}'", k);
+  AF_CHECK(state.at("version") == kStateVersion, "GradScaler::load_state_dict: state version {} is not supported "
+           "(this build reads version {})", state.at("version"), kStateVersion);
+  opt_.growth_factor = state.at("growth_factor");
+  opt_.backoff_factor = state.at("backoff_factor");
+  opt_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));
+  const Device dev = scale_.defined() ? scale_.device() : kCPU;
+  scale_ = ops::full({}, state.at("scale"), DType::F32, dev);
+  growth_tracker_ = ops::full({}, state.at("_growth_tracker"), DType::I32, dev);
+}
+
+}  // namespace ampforge::amp

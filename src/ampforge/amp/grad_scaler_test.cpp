@@ -1,0 +1,151 @@
+// GradScaler: scripted overflow trajectories, skipped steps leave everything bit-identical, the error
+// cases PyTorch raises, and state_dict round trips.
+//
+// Source of the expected trajectories: PyTorch's update rule, as documented for
+// torch.cuda.amp.GradScaler.update() and implemented by aten's _amp_update_scale_ (PyTorch 1.13):
+// on an iteration with Inf/NaN gradients the step is skipped, scale *= backoff_factor and the growth
+// tracker resets to 0; otherwise the tracker counts clean iterations and when it reaches growth_interval
+// scale *= growth_factor and the tracker resets. (PyTorch 1.13 has no CPU kernels for these ops, so the
+// tables below are that rule applied by hand; each row says why.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "ampforge/amp/grad_scaler.h"
+#include "ampforge/autograd/functions.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/optim/adamw.h"
+
+using namespace ampforge;
+
+namespace {
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  Tensor c = ops::contiguous(t);
+  const uint8_t* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.nbytes());
+}
+}  // namespace
+
+TEST(GradScaler, ScriptedOverflowTrajectory) {
+  manual_seed(1);
+  Tensor w = randn({4}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  amp::GradScalerOptions so;
+  so.init_scale = 8;
+  so.growth_interval = 3;
+  amp::GradScaler scaler(so);
+  const std::vector<bool> overflow{false, false, true, false, false, true, false, false, false, false};
+  // scale after update():
+  //  0,1 clean (tracker 1,2) -> 8, 8;  2 inf -> 4 (tracker 0);  3,4 clean (1,2) -> 4, 4;  5 inf -> 2;
+  //  6,7 clean (1,2) -> 2, 2;  8 clean: tracker reaches 3 = interval -> 4 (tracker 0);  9 clean (1) -> 4.
+  const std::vector<double> scales{8, 8, 4, 4, 4, 2, 2, 2, 4, 4};
+  const std::vector<int64_t> trackers{1, 2, 0, 1, 2, 0, 1, 2, 0, 1};
+  for (size_t step = 0; step < overflow.size(); ++step) {
+    opt.zero_grad();
+    Tensor x = randn({4});
+    if (overflow[step]) x = where(gt(x, full({4}, 1e9)), x, full({4}, INFINITY));  // every element Inf
+    Tensor loss = sum(mul(w, x));
+    scaler.scale(loss).backward();
+    auto before_w = bytes_of(w);
+    auto before_state = opt.state_dict();
+    std::vector<std::vector<uint8_t>> before_bytes;
+    for (auto& [n, t] : before_state) before_bytes.push_back(bytes_of(t));
+    const bool stepped = scaler.step(opt);
+    EXPECT_EQ(stepped, !overflow[step]) << "step " << step;
+    if (!stepped) {
+      EXPECT_EQ(bytes_of(w), before_w) << "a skipped step changed the parameters";
+      auto after = opt.state_dict();
+      for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(bytes_of(after[i].second), before_bytes[i]) << after[i].first;
+    } else {
+      EXPECT_NE(bytes_of(w), before_w);
+    }
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), scales[step]) << "step " << step;
+    EXPECT_EQ(scaler.growth_tracker(), trackers[step]) << "step " << step;
+  }
+  EXPECT_EQ(scaler.skipped_steps(), 2);
+  EXPECT_EQ(opt.steps(), 8);
+}
+
+TEST(GradScaler, DefaultsArePyTorchs) {
+  amp::GradScaler s;
+  EXPECT_EQ(s.options().init_scale, 65536.0);
+  EXPECT_EQ(s.options().growth_factor, 2.0);
+  EXPECT_EQ(s.options().backoff_factor, 0.5);
+  EXPECT_EQ(s.options().growth_interval, 2000);
+  EXPECT_EQ(s.get_scale(), 65536.0);
+}
+
+TEST(GradScaler, UnscaleDividesGradients) {
+  Tensor w = ones({3}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  amp::GradScalerOptions so;
+  so.init_scale = 1024;
+  amp::GradScaler scaler(so);
+  scaler.scale(sum(mul(w, Tensor::from_vector<float>({1, 2, 3})))).backward();
+  EXPECT_EQ(w.grad().tolist<float>(), (std::vector<float>{1024, 2048, 3072}));
+  scaler.unscale_(opt);
+  EXPECT_EQ(w.grad().tolist<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_THROW(scaler.unscale_(opt), Error);  // twice before update()
+  EXPECT_TRUE(scaler.step(opt));
+  EXPECT_THROW(scaler.step(opt), Error);  // twice before update()
+  EXPECT_THROW(scaler.unscale_(opt), Error);  // after step()
+  scaler.update();
+  EXPECT_THROW(scaler.update(), Error);  // no inf checks recorded since
+}
+
+TEST(GradScaler, StepWithoutScaleIsAnError) {
+  Tensor w = ones({3}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  amp::GradScaler scaler;
+  EXPECT_THROW(scaler.step(opt), Error);
+}
+
+TEST(GradScaler, DisabledIsAPassThrough) {
+  Tensor w = ones({3}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  amp::GradScalerOptions so;
+  so.enabled = false;
+  amp::GradScaler scaler(so);
+  Tensor loss = sum(w);
+  EXPECT_TRUE(scaler.scale(loss).is_same(loss));
+  loss.backward();
+  EXPECT_TRUE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+  EXPECT_TRUE(scaler.state_dict().empty());
+}
+
+TEST(GradScaler, StateDictRoundTripAndValidation) {
+  amp::GradScalerOptions so;
+  so.init_scale = 512;
+  amp::GradScaler a(so);
+  Tensor w = ones({2}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  a.scale(sum(w)).backward();
+  a.step(opt);
+  a.update();
+  auto sd = a.state_dict();
+  amp::GradScaler b;
+  b.load_state_dict(sd);
+  EXPECT_EQ(b.get_scale(), 512.0);
+  EXPECT_EQ(b.growth_tracker(), 1);
+  auto missing = sd;
+  missing.erase("_growth_tracker");
+  EXPECT_THROW(b.load_state_dict(missing), Error);
+  auto other_version = sd;
+  other_version["version"] = 99;
+  EXPECT_THROW(b.load_state_dict(other_version), Error);
+  EXPECT_THROW(b.load_state_dict({}), Error);
+}
+
+TEST(GradScaler, NanGradientsAreSkippedToo) {
+  Tensor w = ones({2}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  amp::GradScaler scaler;
+  scaler.scale(sum(mul(w, full({2}, NAN)))).backward();
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}

@@ -1,0 +1,530 @@
+// CPU normalisation kernels: batch_norm, batch_norm_backward, layer_norm, layer_norm_backward.
+//
+// Contracts (ops/norm.cpp has validated and laid out the operands):
+//   batch_norm           in: x (N, C, *), weight (C) | undef, bias (C) | undef, running_mean (C) | undef,
+//                        running_var (C) | undef.   out: y (like x), save_mean (C), save_invstd (C).
+//                        Training: batch statistics (biased variance) normalise; running stats, when given,
+//                        are updated in place with momentum and the UNBIASED variance (PyTorch semantics).
+//                        Eval: the running statistics normalise, and save_mean/save_invstd receive them, so
+//                        the backward kernel reads one pair of statistics in both modes.
+//   batch_norm_backward  in: grad (layout of x), x, weight | undef, save_mean, save_invstd.
+//                        out: grad_input | undef, grad_weight | undef, grad_bias | undef (each written only
+//                        when defined; all overwritten, never accumulated).
+//   layer_norm           in: x (M, N...) contiguous, weight | undef, bias | undef (normalised shape).
+//                        out: y contiguous, mean (M), rstd (M).
+//   layer_norm_backward  in: grad, x, mean, rstd, weight | undef.  out: grad_input, grad_weight, grad_bias
+//                        (each optional).
+// Statistics (save_mean, save_invstd, mean, rstd) are F32 for F32/F16/BF16 inputs and F64 for F64; weight,
+// bias and running stats may be any floating dtype (read and written through double).
+//
+// Layouts for batch_norm, chosen from x's strides (ops/ hands over x contiguous or channels-last, and y,
+// grad, grad_input in the same layout as x):
+//   planes  x contiguous (N, C, *): the I = prod(*) elements of (n, c) are one contiguous run;
+//   rows    x channels-last (N, H, W, C), or I == 1: R = N*H*W rows of C contiguous channels, so per-channel
+//           sums vectorise over C.
+// Determinism: per-channel sums are shifted sums (shift = the channel's first element, which removes most
+// of the cancellation of E[x^2] - E[x]^2) accumulated in double over FIXED blocks of the data; block
+// partials are added in block order. The partition depends only on the shape, so every statistic (and
+// so every output) is bit-identical for any thread count.
+#include <cmath>
+#include <vector>
+
+#include "ampforge/backends/cpu/loops.h"
+#include "ampforge/backends/cpu/register.h"
+#include "ampforge/core/attrs.h"
+#include "ampforge/core/dispatch.h"
+
+namespace ampforge::cpu {
+namespace {
+
+// Elements per statistics block. Fixed (never derived from the thread count): see the file comment.
+constexpr int64_t kBlockElems = 16384;
+
+template <class S>
+inline double to_d(S v) {
+  return static_cast<double>(static_cast<compute_t<S>>(v));
+}
+
+template <class S>
+inline S from_d(double v) {
+  if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+    return S(static_cast<float>(v));
+  else
+    return static_cast<S>(v);
+}
+
+// A 1-D parameter/statistics vector (any float dtype, any stride) as doubles; `fill` when undefined.
+std::vector<double> load_vec(const Tensor& t, int64_t n, double fill) {
+  std::vector<double> v(static_cast<size_t>(n), fill);
+  if (!t.defined()) return v;
+  visit_float(t.dtype(), "norm parameter", [&](auto tag) {
+    using S = decltype(tag);
+    const S* p = static_cast<const S*>(t.data_ptr());
+    const int64_t st = t.dim() == 0 ? 0 : t.stride(t.dim() - 1);
+    for (int64_t i = 0; i < n; ++i) v[i] = to_d(p[i * st]);
+  });
+  return v;
+}
+
+// Writes doubles into a 1-D (or any contiguous) float tensor of n elements.
+void store_vec(const Tensor& t, const std::vector<double>& v) {
+  visit_float(t.dtype(), "norm output", [&](auto tag) {
+    using S = decltype(tag);
+    S* p = static_cast<S*>(t.data_ptr());
+    const int64_t st = t.dim() == 0 ? 0 : t.stride(t.dim() - 1);
+    for (size_t i = 0; i < v.size(); ++i) p[static_cast<int64_t>(i) * st] = from_d<S>(v[i]);
+  });
+}
+
+// Elements of storage type S at p as compute type A: the memory itself when the types agree, else
+// converted into buf (which must hold n elements).
+template <class S, class A>
+inline const A* as_compute(const S* p, A* buf, int64_t n) {
+  if constexpr (std::is_same_v<S, A>) {
+    return p;
+  } else {
+    load_n<S, A>(p, buf, n);
+    return buf;
+  }
+}
+
+// ---- batch norm ------------------------------------------------------------------------------------
+
+struct BnShape {
+  int64_t outer = 0;  // planes: N; rows: number of rows (N*H*W)
+  int64_t C = 0;
+  int64_t inner = 1;  // planes: elements per (n, c) run; rows: 1
+  bool rows = false;
+  int64_t count() const { return outer * inner; }  // elements per channel
+};
+
+BnShape bn_shape(const Tensor& x) {
+  BnShape s;
+  s.C = x.size(1);
+  int64_t spatial = 1;
+  for (int d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  if (x.is_contiguous()) {
+    s.outer = x.size(0);
+    s.inner = spatial;
+    s.rows = spatial == 1;
+  } else {
+    AF_ASSERT(x.is_contiguous(MemoryFormat::ChannelsLast), "batch_norm: x {} must be contiguous or channels-last",
+              x.shape().str());
+    s.outer = x.size(0) * spatial;
+    s.inner = 1;
+    s.rows = true;
+  }
+  return s;
+}
+
+void check_same_layout(const Tensor& t, const Tensor& x, const char* what) {
+  const bool ok = x.is_contiguous() ? t.is_contiguous() : t.is_contiguous(MemoryFormat::ChannelsLast);
+  AF_ASSERT(ok && t.shape() == x.shape(), "{}: operand {} is not laid out like x {}", what, t.shape().str(),
+            x.shape().str());
+}
+
+// Per-channel sums over the data: su[c] = sum(u), suv[c] = sum(u * v), where u = a - ka[c] and
+// v = b - kb[c] elementwise (a, b laid out as described by sh). Fixed blocks, double accumulation.
+template <class S>
+void channel_sums(const BnShape& sh, const S* a, const S* b, const double* ka, const double* kb, double* su,
+                  double* suv) {
+  using A = compute_t<S>;
+  const int64_t C = sh.C;
+  std::fill(su, su + C, 0.0);
+  std::fill(suv, suv + C, 0.0);
+  if (sh.count() == 0) return;
+  if (sh.rows) {
+    const int64_t R = sh.outer;
+    const int64_t rows_per_block = std::max<int64_t>(1, kBlockElems / C);
+    const int64_t nblk = (R + rows_per_block - 1) / rows_per_block;
+    std::vector<double> partial(static_cast<size_t>(nblk * 2 * C));
+    parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<A> abuf(static_cast<size_t>(C)), bbuf(static_cast<size_t>(C));
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        double* pu = partial.data() + blk * 2 * C;
+        double* puv = pu + C;
+        std::fill(pu, pu + 2 * C, 0.0);
+        const int64_t r1 = std::min(R, (blk + 1) * rows_per_block);
+        for (int64_t r = blk * rows_per_block; r < r1; ++r) {
+          const A* ar = as_compute<S, A>(a + r * C, abuf.data(), C);
+          const A* br = a == b ? ar : as_compute<S, A>(b + r * C, bbuf.data(), C);
+          for (int64_t c = 0; c < C; ++c) {
+            const double u = static_cast<double>(ar[c]) - ka[c];
+            const double v = static_cast<double>(br[c]) - kb[c];
+            pu[c] += u;
+            puv[c] += u * v;
+          }
+        }
+      }
+    });
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      const double* pu = partial.data() + blk * 2 * C;
+      for (int64_t c = 0; c < C; ++c) {
+        su[c] += pu[c];
+        suv[c] += pu[C + c];
+      }
+    }
+    return;
+  }
+  // planes: task (c, block of samples); a block covers about kBlockElems elements of one channel.
+  const int64_t I = sh.inner, N = sh.outer;
+  const int64_t per_block = std::max<int64_t>(1, kBlockElems / I);
+  const int64_t nblk = (N + per_block - 1) / per_block;
+  std::vector<double> partial(static_cast<size_t>(C * nblk * 2));
+  parallel_for(C * nblk, 1, [&](int64_t t0, int64_t t1) {
+    alignas(64) A abuf[kChunk];
+    alignas(64) A bbuf[kChunk];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c = t / nblk, blk = t % nblk;
+      const double k0 = ka[c], k1 = kb[c];
+      double lu[8] = {}, luv[8] = {};
+      const int64_t n1 = std::min(N, (blk + 1) * per_block);
+      for (int64_t n = blk * per_block; n < n1; ++n) {
+        const int64_t off = (n * C + c) * I;
+        for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
+          const int64_t m = std::min(kChunk, I - i0);
+          const A* ar = as_compute<S, A>(a + off + i0, abuf, m);
+          const A* br = a == b ? ar : as_compute<S, A>(b + off + i0, bbuf, m);
+          int64_t i = 0;
+          for (; i + 8 <= m; i += 8)
+            for (int l = 0; l < 8; ++l) {
+              const double u = static_cast<double>(ar[i + l]) - k0;
+              const double v = static_cast<double>(br[i + l]) - k1;
+              lu[l] += u;
+              luv[l] += u * v;
+            }
+          for (; i < m; ++i) {
+            const double u = static_cast<double>(ar[i]) - k0;
+            lu[0] += u;
+            luv[0] += u * (static_cast<double>(br[i]) - k1);
+          }
+        }
+      }
+      double s0 = 0, s1 = 0;
+      for (int l = 0; l < 8; ++l) {
+        s0 += lu[l];
+        s1 += luv[l];
+      }
+      partial[t * 2] = s0;
+      partial[t * 2 + 1] = s1;
+    }
+  });
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      su[c] += partial[(c * nblk + blk) * 2];
+      suv[c] += partial[(c * nblk + blk) * 2 + 1];
+    }
+}
+
+// out = a * alpha[c] + gamma[c]                         (kTwo = false)
+// out = a * alpha[c] + (b - kb[c]) * beta[c] + gamma[c]   (kTwo = true)
+// Elementwise per channel, any partition (no cross-element arithmetic).
+template <class S, bool kTwo>
+void channel_apply(const BnShape& sh, const S* a, const S* b, S* out, const compute_t<S>* alpha,
+                   const compute_t<S>* beta, const compute_t<S>* kb, const compute_t<S>* gamma) {
+  using A = compute_t<S>;
+  const int64_t C = sh.C;
+  if (sh.count() == 0) return;
+  if (sh.rows) {
+    parallel_for(sh.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
+      std::vector<A> abuf(static_cast<size_t>(C)), bbuf(static_cast<size_t>(C)), obuf(static_cast<size_t>(C));
+      for (int64_t r = r0; r < r1; ++r) {
+        const A* ar = as_compute<S, A>(a + r * C, abuf.data(), C);
+        A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(out + r * C) : obuf.data();
+        if constexpr (kTwo) {
+          const A* br = as_compute<S, A>(b + r * C, bbuf.data(), C);
+          for (int64_t c = 0; c < C; ++c) o[c] = ar[c] * alpha[c] + (br[c] - kb[c]) * beta[c] + gamma[c];
+        } else {
+          for (int64_t c = 0; c < C; ++c) o[c] = ar[c] * alpha[c] + gamma[c];
+        }
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + r * C, C);
+      }
+    });
+    return;
+  }
+  const int64_t I = sh.inner;
+  parallel_for(sh.outer * C, std::max<int64_t>(1, kElementwiseGrain / I), [&](int64_t p0, int64_t p1) {
+    alignas(64) A abuf[kChunk];
+    alignas(64) A bbuf[kChunk];
+    alignas(64) A obuf[kChunk];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c = p % C;
+      const A al = alpha[c], ga = gamma[c];
+      const A be = kTwo ? beta[c] : A(0), k = kTwo ? kb[c] : A(0);
+      for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
+        const int64_t m = std::min(kChunk, I - i0);
+        const int64_t off = p * I + i0;
+        const A* ar = as_compute<S, A>(a + off, abuf, m);
+        A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(out + off) : obuf;
+        if constexpr (kTwo) {
+          const A* br = as_compute<S, A>(b + off, bbuf, m);
+          for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + (br[i] - k) * be + ga;
+        } else {
+          for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + ga;
+        }
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + off, m);
+      }
+    }
+  });
+}
+
+template <class A>
+std::vector<A> cast_vec(const std::vector<double>& v) {
+  return std::vector<A>(v.begin(), v.end());
+}
+
+void batch_norm_kernel(const KernelArgs& args) {
+  const Tensor& x = args.in(0);
+  const Tensor &w = args.in(1), &b = args.in(2), &rm = args.in(3), &rv = args.in(4);
+  const Tensor &y = args.out(0), &save_mean = args.out(1), &save_invstd = args.out(2);
+  const auto& at = args.attr<BatchNormAttrs>();
+  const BnShape sh = bn_shape(x);
+  check_same_layout(y, x, "batch_norm");
+  const int64_t C = sh.C, M = sh.count();
+  std::vector<double> mean(C), invstd(C);
+  visit_float(x.dtype(), "batch_norm", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    const S* xp = static_cast<const S*>(x.data_ptr());
+    if (at.training) {
+      AF_ASSERT(M > 0, "batch_norm: training with an empty channel");
+      std::vector<double> shift(C), s1(C), s2(C);
+      for (int64_t c = 0; c < C; ++c) shift[c] = to_d(xp[sh.rows ? c : c * sh.inner]);
+      channel_sums<S>(sh, xp, xp, shift.data(), shift.data(), s1.data(), s2.data());
+      std::vector<double> var(C);
+      for (int64_t c = 0; c < C; ++c) {
+        const double m1 = s1[c] / static_cast<double>(M);
+        mean[c] = shift[c] + m1;
+        var[c] = std::max(0.0, s2[c] / static_cast<double>(M) - m1 * m1);
+        invstd[c] = 1.0 / std::sqrt(var[c] + at.eps);
+      }
+      if (rm.defined()) {
+        std::vector<double> r_mean = load_vec(rm, C, 0.0), r_var = load_vec(rv, C, 1.0);
+        const double unbias = M > 1 ? static_cast<double>(M) / static_cast<double>(M - 1) : 1.0;
+        for (int64_t c = 0; c < C; ++c) {
+          r_mean[c] = (1.0 - at.momentum) * r_mean[c] + at.momentum * mean[c];
+          r_var[c] = (1.0 - at.momentum) * r_var[c] + at.momentum * var[c] * unbias;
+        }
+        store_vec(rm, r_mean);
+        store_vec(rv, r_var);
+      }
+    } else {
+      mean = load_vec(rm, C, 0.0);
+      std::vector<double> var = load_vec(rv, C, 1.0);
+      for (int64_t c = 0; c < C; ++c) invstd[c] = 1.0 / std::sqrt(var[c] + at.eps);
+    }
+    store_vec(save_mean, mean);
+    store_vec(save_invstd, invstd);
+    // y = (x - mean) * invstd * w + b = x * scale + shift, coefficients folded in double.
+    const std::vector<double> wv = load_vec(w, C, 1.0), bv = load_vec(b, C, 0.0);
+    std::vector<double> scale(C), shift(C);
+    for (int64_t c = 0; c < C; ++c) {
+      scale[c] = invstd[c] * wv[c];
+      shift[c] = bv[c] - mean[c] * scale[c];
+    }
+    const std::vector<A> sa = cast_vec<A>(scale), sb = cast_vec<A>(shift);
+    channel_apply<S, false>(sh, xp, nullptr, static_cast<S*>(y.data_ptr()), sa.data(), nullptr, nullptr, sb.data());
+  });
+}
+
+void batch_norm_backward_kernel(const KernelArgs& args) {
+  const Tensor &g = args.in(0), &x = args.in(1), &w = args.in(2), &smean = args.in(3), &sinv = args.in(4);
+  const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2);
+  const auto& at = args.attr<BatchNormAttrs>();
+  const BnShape sh = bn_shape(x);
+  check_same_layout(g, x, "batch_norm_backward");
+  if (gx.defined()) check_same_layout(gx, x, "batch_norm_backward");
+  const int64_t C = sh.C, M = sh.count();
+  const std::vector<double> mean = load_vec(smean, C, 0.0), invstd = load_vec(sinv, C, 1.0), wv = load_vec(w, C, 1.0);
+  visit_float(x.dtype(), "batch_norm_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    const S* xp = static_cast<const S*>(x.data_ptr());
+    const S* gp = static_cast<const S*>(g.data_ptr());
+    std::vector<double> sg(C, 0.0), sgx(C, 0.0);  // sum(g), sum(g * (x - mean))
+    const bool need_sums = (at.training && gx.defined()) || gw.defined() || gb.defined();
+    if (need_sums) {
+      const std::vector<double> zero(C, 0.0);
+      channel_sums<S>(sh, gp, xp, zero.data(), mean.data(), sg.data(), sgx.data());
+    }
+    if (gb.defined()) store_vec(gb, sg);
+    if (gw.defined()) {
+      std::vector<double> v(C);
+      for (int64_t c = 0; c < C; ++c) v[c] = sgx[c] * invstd[c];
+      store_vec(gw, v);
+    }
+    if (!gx.defined()) return;
+    S* out = static_cast<S*>(gx.data_ptr());
+    if (!at.training) {  // running statistics are constants: dx = g * invstd * w
+      std::vector<double> alpha(C), zero(C, 0.0);
+      for (int64_t c = 0; c < C; ++c) alpha[c] = invstd[c] * wv[c];
+      const std::vector<A> al = cast_vec<A>(alpha), ze = cast_vec<A>(zero);
+      channel_apply<S, false>(sh, gp, nullptr, out, al.data(), nullptr, nullptr, ze.data());
+      return;
+    }
+    // dx = k * (g - mean(g) - (x - mean) * invstd^2 * mean(g * (x - mean))), k = invstd * w
+    std::vector<double> alpha(C), beta(C), gamma(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const double k = invstd[c] * wv[c];
+      const double proj = sgx[c] * invstd[c] * invstd[c] / static_cast<double>(M);
+      alpha[c] = k;
+      beta[c] = -k * proj;
+      gamma[c] = -k * sg[c] / static_cast<double>(M);
+    }
+    const std::vector<A> al = cast_vec<A>(alpha), be = cast_vec<A>(beta), ga = cast_vec<A>(gamma),
+                         mu = cast_vec<A>(mean);
+    channel_apply<S, true>(sh, gp, xp, out, al.data(), be.data(), mu.data(), ga.data());
+  });
+}
+
+// ---- layer norm ------------------------------------------------------------------------------------
+
+// Writes one statistic (F32 or F64 tensor, contiguous) at index i.
+inline void put_stat(void* p, DType d, int64_t i, double v) {
+  if (d == DType::F64)
+    static_cast<double*>(p)[i] = v;
+  else
+    static_cast<float*>(p)[i] = static_cast<float>(v);
+}
+inline double get_stat(const void* p, DType d, int64_t i) {
+  return d == DType::F64 ? static_cast<const double*>(p)[i] : static_cast<double>(static_cast<const float*>(p)[i]);
+}
+
+// Sum of n values in double with 8 fixed lanes (fixed order for a given n).
+template <class A, class F>
+inline double lane_sum(int64_t n, F&& f) {
+  double l[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) l[k] += f(i + k);
+  for (; i < n; ++i) l[0] += f(i);
+  double s = 0;
+  for (double v : l) s += v;
+  return s;
+}
+
+int64_t ln_inner(const Tensor& x, int normalized_dims) {
+  int64_t n = 1;
+  for (int d = x.dim() - normalized_dims; d < x.dim(); ++d) n *= x.size(d);
+  return n;
+}
+
+void layer_norm_kernel(const KernelArgs& args) {
+  const Tensor &x = args.in(0), &w = args.in(1), &b = args.in(2);
+  const Tensor &y = args.out(0), &mean_t = args.out(1), &rstd_t = args.out(2);
+  const auto& at = args.attr<LayerNormAttrs>();
+  AF_ASSERT(x.is_contiguous() && y.is_contiguous(), "layer_norm: operands must be contiguous");
+  const int64_t N = ln_inner(x, at.normalized_dims);
+  const int64_t M = N == 0 ? 0 : x.numel() / N;
+  void* mp = mean_t.data_ptr();
+  void* rp = rstd_t.data_ptr();
+  const DType sd = mean_t.dtype();
+  visit_float(x.dtype(), "layer_norm", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    const std::vector<A> wv = cast_vec<A>(load_vec(w, N, 1.0)), bv = cast_vec<A>(load_vec(b, N, 0.0));
+    const S* xp = static_cast<const S*>(x.data_ptr());
+    S* yp = static_cast<S*>(y.data_ptr());
+    parallel_for(M, std::max<int64_t>(1, kBlockElems / std::max<int64_t>(N, 1)), [&](int64_t r0, int64_t r1) {
+      std::vector<A> xbuf(static_cast<size_t>(N)), obuf(static_cast<size_t>(N));
+      for (int64_t r = r0; r < r1; ++r) {
+        const A* xr = as_compute<S, A>(xp + r * N, xbuf.data(), N);
+        // Two passes over a row that sits in cache: exact mean first, then the centred second moment.
+        const double mean = lane_sum<A>(N, [&](int64_t j) { return static_cast<double>(xr[j]); }) / N;
+        const double var = lane_sum<A>(N, [&](int64_t j) {
+                             const double d = static_cast<double>(xr[j]) - mean;
+                             return d * d;
+                           }) / N;
+        const double rstd = 1.0 / std::sqrt(var + at.eps);
+        put_stat(mp, sd, r, mean);
+        put_stat(rp, sd, r, rstd);
+        const A am = static_cast<A>(mean), ar = static_cast<A>(rstd);
+        A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(yp + r * N) : obuf.data();
+        for (int64_t j = 0; j < N; ++j) o[j] = (xr[j] - am) * ar * wv[j] + bv[j];
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, yp + r * N, N);
+      }
+    });
+  });
+}
+
+void layer_norm_backward_kernel(const KernelArgs& args) {
+  const Tensor &g = args.in(0), &x = args.in(1), &mean_t = args.in(2), &rstd_t = args.in(3), &w = args.in(4);
+  const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2);
+  const auto& at = args.attr<LayerNormAttrs>();
+  AF_ASSERT(x.is_contiguous() && g.is_contiguous(), "layer_norm_backward: operands must be contiguous");
+  const int64_t N = ln_inner(x, at.normalized_dims);
+  const int64_t M = N == 0 ? 0 : x.numel() / N;
+  const void* mp = mean_t.data_ptr();
+  const void* rp = rstd_t.data_ptr();
+  const DType sd = mean_t.dtype();
+  const bool want_params = gw.defined() || gb.defined();
+  // Weight/bias gradients are column sums over rows: fixed row blocks, partials summed in block order.
+  const int64_t rows_per_block = std::max<int64_t>(1, kBlockElems / std::max<int64_t>(N, 1));
+  const int64_t nblk = (M + rows_per_block - 1) / rows_per_block;
+  std::vector<double> pgw, pgb;
+  if (want_params) {
+    pgw.assign(static_cast<size_t>(nblk * N), 0.0);
+    pgb.assign(static_cast<size_t>(nblk * N), 0.0);
+  }
+  visit_float(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    const std::vector<A> wv = cast_vec<A>(load_vec(w, N, 1.0));
+    const S* xp = static_cast<const S*>(x.data_ptr());
+    const S* gp = static_cast<const S*>(g.data_ptr());
+    S* gxp = gx.defined() ? static_cast<S*>(gx.data_ptr()) : nullptr;
+    parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<A> xbuf(static_cast<size_t>(N)), gbuf(static_cast<size_t>(N)), xhat(static_cast<size_t>(N)),
+          wg(static_cast<size_t>(N)), obuf(static_cast<size_t>(N));
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t r1 = std::min(M, (blk + 1) * rows_per_block);
+        for (int64_t r = blk * rows_per_block; r < r1; ++r) {
+          const A* xr = as_compute<S, A>(xp + r * N, xbuf.data(), N);
+          const A* gr = as_compute<S, A>(gp + r * N, gbuf.data(), N);
+          const A mean = static_cast<A>(get_stat(mp, sd, r)), rstd = static_cast<A>(get_stat(rp, sd, r));
+          for (int64_t j = 0; j < N; ++j) {
+            xhat[j] = (xr[j] - mean) * rstd;
+            wg[j] = gr[j] * wv[j];
+          }
+          if (want_params) {
+            double* pw = pgw.data() + blk * N;
+            double* pb = pgb.data() + blk * N;
+            for (int64_t j = 0; j < N; ++j) {
+              pw[j] += static_cast<double>(gr[j]) * static_cast<double>(xhat[j]);
+              pb[j] += static_cast<double>(gr[j]);
+            }
+          }
+          if (gxp == nullptr) continue;
+          // dx = rstd * (wg - mean(wg) - xhat * mean(wg * xhat))
+          const double s1 = lane_sum<A>(N, [&](int64_t j) { return static_cast<double>(wg[j]); });
+          const double s2 =
+              lane_sum<A>(N, [&](int64_t j) { return static_cast<double>(wg[j]) * static_cast<double>(xhat[j]); });
+          const A m1 = static_cast<A>(s1 / N), m2 = static_cast<A>(s2 / N);
+          A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(gxp + r * N) : obuf.data();
+          for (int64_t j = 0; j < N; ++j) o[j] = rstd * (wg[j] - m1 - xhat[j] * m2);
+          if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, gxp + r * N, N);
+        }
+      }
+    });
+  });
+  if (!want_params) return;
+  std::vector<double> sw(static_cast<size_t>(N), 0.0), sb(static_cast<size_t>(N), 0.0);
+  for (int64_t blk = 0; blk < nblk; ++blk)
+    for (int64_t j = 0; j < N; ++j) {
+      sw[j] += pgw[blk * N + j];
+      sb[j] += pgb[blk * N + j];
+    }
+  if (gw.defined()) store_vec(gw.as_strided_raw({N}, {1}, gw.offset()), sw);
+  if (gb.defined()) store_vec(gb.as_strided_raw({N}, {1}, gb.offset()), sb);
+}
+
+}  // namespace
+
+void register_norm_cpu() {
+  register_kernel(OpId::batch_norm, DeviceType::CPU, batch_norm_kernel);
+  register_kernel(OpId::batch_norm_backward, DeviceType::CPU, batch_norm_backward_kernel);
+  register_kernel(OpId::layer_norm, DeviceType::CPU, layer_norm_kernel);
+  register_kernel(OpId::layer_norm_backward, DeviceType::CPU, layer_norm_backward_kernel);
+}
+
+}  // namespace ampforge::cpu

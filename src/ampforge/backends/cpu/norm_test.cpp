@@ -1,0 +1,282 @@
+// Unit tests of batch_norm and layer_norm on the CPU: naive F64 references, hand-computed running statistics,
+// NCHW vs channels-last, 16-bit inputs, finite-difference gradients, thread-count independence, bad inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ampforge/backends/cpu/gradcheck_testutil.h"
+
+using namespace ampforge;
+using namespace ampforge::testutil;
+
+namespace {
+
+// Naive batch norm over (N, C, S) data in logical (NCHW) order: returns y, and per-channel biased var.
+struct BnRef {
+  std::vector<double> y, mean, var;
+};
+BnRef bn_reference(const std::vector<double>& x, int64_t N, int64_t C, int64_t S, const std::vector<double>& w,
+                   const std::vector<double>& b, double eps) {
+  BnRef r;
+  r.y.resize(x.size());
+  for (int64_t c = 0; c < C; ++c) {
+    double m = 0, v = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) m += x[(n * C + c) * S + s];
+    m /= static_cast<double>(N * S);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) v += std::pow(x[(n * C + c) * S + s] - m, 2);
+    v /= static_cast<double>(N * S);
+    r.mean.push_back(m);
+    r.var.push_back(v);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t i = (n * C + c) * S + s;
+        r.y[i] = (x[i] - m) / std::sqrt(v + eps) * w[c] + b[c];
+      }
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(BatchNorm, TrainingMatchesNaiveReference) {
+  Generator gen(1);
+  const int64_t N = 3, C = 4, H = 5, W = 6;
+  Tensor x = ops::add_scalar(ops::randn({N, C, H, W}, DType::F64, kCPU, &gen), 3.0);
+  Tensor w = ops::randn({C}, DType::F64, kCPU, &gen), b = ops::randn({C}, DType::F64, kCPU, &gen);
+  Tensor rm = ops::zeros({C}, DType::F64), rv = ops::ones({C}, DType::F64);
+  ops::BatchNormResult r = ops::batch_norm(x, w, b, rm, rv, {true, 0.1, 1e-5});
+  BnRef ref = bn_reference(x.tolist<double>(), N, C, H * W, w.tolist<double>(), b.tolist<double>(), 1e-5);
+  expect_close(r.out, Tensor::from_vector(ref.y, x.shape()), 1e-12, 1e-12, "y");
+  expect_close(r.save_mean, Tensor::from_vector(ref.mean), 1e-12, 1e-12, "save_mean");
+  std::vector<double> invstd, new_rm, new_rv;
+  const double M = static_cast<double>(N * H * W);
+  for (int64_t c = 0; c < C; ++c) {
+    invstd.push_back(1.0 / std::sqrt(ref.var[c] + 1e-5));
+    new_rm.push_back(0.1 * ref.mean[c]);
+    new_rv.push_back(0.9 + 0.1 * ref.var[c] * M / (M - 1));
+  }
+  expect_close(r.save_invstd, Tensor::from_vector(invstd), 1e-12, 1e-12, "save_invstd");
+  expect_close(rm, Tensor::from_vector(new_rm), 1e-12, 1e-12, "running_mean");
+  expect_close(rv, Tensor::from_vector(new_rv), 1e-12, 1e-12, "running_var");
+}
+
+TEST(BatchNorm, RunningStatsHandComputed) {
+  // Channel 0: 1, 2, 3, 4 -> mean 2.5, unbiased var 5/3. Channel 1: 0, 0, 0, 8 -> mean 2, unbiased var 16.
+  Tensor x = Tensor::from_vector<float>({1, 0, 2, 0, 3, 0, 4, 8}, {4, 2});
+  Tensor rm = Tensor::from_vector<float>({0, 0}), rv = Tensor::from_vector<float>({1, 1});
+  ops::BatchNormResult r = ops::batch_norm(x, Tensor(), Tensor(), rm, rv, {true, 0.1, 0.0});
+  EXPECT_EQ(r.save_mean.dtype(), DType::F32);
+  const auto m = rm.tolist<double>(), v = rv.tolist<double>();
+  EXPECT_NEAR(m[0], 0.25, 1e-7);
+  EXPECT_NEAR(m[1], 0.2, 1e-7);
+  EXPECT_NEAR(v[0], 0.9 + 0.1 * 5.0 / 3.0, 1e-6);
+  EXPECT_NEAR(v[1], 0.9 + 0.1 * 16.0, 1e-6);
+  // Normalised with the BIASED variance: channel 1 values (0 - 2) / sqrt(12).
+  EXPECT_NEAR(r.out.tolist<double>()[1], -2.0 / std::sqrt(12.0), 1e-6);
+  // A second step moves the running stats again from the updated values.
+  ops::batch_norm(x, Tensor(), Tensor(), rm, rv, {true, 0.5, 0.0});
+  EXPECT_NEAR(rm.tolist<double>()[0], 0.5 * 0.25 + 0.5 * 2.5, 1e-6);
+}
+
+TEST(BatchNorm, EvalUsesRunningStats) {
+  Generator gen(2);
+  Tensor x = ops::randn({2, 3, 4, 4}, DType::F64, kCPU, &gen);
+  Tensor w = Tensor::from_vector<double>({1.5, -0.5, 2.0}), b = Tensor::from_vector<double>({0.1, 0.2, 0.3});
+  Tensor rm = Tensor::from_vector<double>({0.5, -1.0, 0.0}), rv = Tensor::from_vector<double>({2.0, 0.5, 1.0});
+  ops::BatchNormResult r = ops::batch_norm(x, w, b, rm, rv, {false, 0.1, 1e-3});
+  const auto xv = x.tolist<double>(), yv = r.out.tolist<double>();
+  const double m[3] = {0.5, -1.0, 0.0}, v[3] = {2.0, 0.5, 1.0}, ww[3] = {1.5, -0.5, 2.0}, bb[3] = {0.1, 0.2, 0.3};
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const int c = static_cast<int>((i / 16) % 3);
+    ASSERT_NEAR(yv[i], (xv[i] - m[c]) / std::sqrt(v[c] + 1e-3) * ww[c] + bb[c], 1e-12);
+  }
+  EXPECT_EQ(rm.tolist<double>()[0], 0.5);  // eval leaves the running stats alone
+}
+
+TEST(BatchNorm, ChannelsLastMatchesNchw) {
+  Generator gen(3);
+  const Shape s{8, 16, 7, 9};
+  Tensor x = ops::randn(s, DType::F32, kCPU, &gen);
+  Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
+  Tensor g = ops::randn(s, DType::F32, kCPU, &gen);
+  Tensor xcl = ops::contiguous(x, MemoryFormat::ChannelsLast);
+  Tensor rm1 = ops::zeros({16}), rv1 = ops::ones({16}), rm2 = ops::zeros({16}), rv2 = ops::ones({16});
+  const BatchNormAttrs at{true, 0.1, 1e-5};
+  auto a = ops::batch_norm(x, w, b, rm1, rv1, at);
+  auto c = ops::batch_norm(xcl, w, b, rm2, rv2, at);
+  EXPECT_TRUE(c.out.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(c.out.is_contiguous());
+  // Different summation orders in double, rounded to float: equal to within a few float ulps.
+  expect_close(c.out, a.out, 1e-6, 1e-6, "y");
+  expect_close(c.save_mean, a.save_mean, 1e-7, 1e-7, "mean");
+  expect_close(c.save_invstd, a.save_invstd, 1e-7, 1e-7, "invstd");
+  expect_close(rv2, rv1, 1e-7, 1e-7, "running_var");
+  auto da = ops::batch_norm_backward(g, x, w, a.save_mean, a.save_invstd, at, {true, true, true});
+  auto dc = ops::batch_norm_backward(ops::contiguous(g, MemoryFormat::ChannelsLast), xcl, w, c.save_mean,
+                                     c.save_invstd, at, {true, true, true});
+  EXPECT_TRUE(dc.grad_input.is_contiguous(MemoryFormat::ChannelsLast));
+  expect_close(dc.grad_input, da.grad_input, 1e-5, 1e-5, "grad_input");
+  expect_close(dc.grad_weight, da.grad_weight, 1e-4, 1e-5, "grad_weight");
+  expect_close(dc.grad_bias, da.grad_bias, 1e-4, 1e-5, "grad_bias");
+}
+
+TEST(BatchNorm, HalfInputsComputeInFloat) {
+  Generator gen(4);
+  Tensor x = ops::randn({4, 6, 5, 5}, DType::F32, kCPU, &gen);
+  Tensor w = ops::randn({6}, DType::F32, kCPU, &gen), b = ops::randn({6}, DType::F32, kCPU, &gen);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      Tensor xh = ops::contiguous(ops::to_dtype(x, dt), fmt);
+      Tensor ref_in = ops::to_dtype(xh, DType::F64);  // the exact 16-bit values
+      auto r = ops::batch_norm(xh, w, b, Tensor(), Tensor(), {true, 0.1, 1e-5});
+      auto ref = ops::batch_norm(ref_in, ops::to_dtype(w, DType::F64), ops::to_dtype(b, DType::F64), Tensor(), Tensor(),
+                                 {true, 0.1, 1e-5});
+      EXPECT_EQ(r.out.dtype(), dt);
+      EXPECT_EQ(r.save_mean.dtype(), DType::F32);
+      expect_close(r.save_mean, ref.save_mean, 1e-6, 1e-6, "16-bit mean");
+      // One rounding to the 16-bit type: unit roundoff 2^-11 (F16) / 2^-8 (BF16), times |y| <= ~10.
+      const double u = dt == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+      expect_close(r.out, ref.out, 4 * u, 2 * u, "16-bit y");
+    }
+  }
+}
+
+TEST(BatchNorm, GradientsMatchFiniteDifferences) {
+  Generator gen(5);
+  const int64_t C = 3;
+  for (bool training : {true, false}) {
+    for (bool channels_last : {false, true}) {
+      Tensor x = leaf({2, C, 3, 2}, gen), w = leaf({C}, gen), b = leaf({C}, gen);
+      Tensor rm = ops::randn({C}, DType::F64, kCPU, &gen);
+      Tensor rv = ops::add_scalar(ops::mul(rm, rm), 0.5);
+      expect_gradients_match(
+          [&](const std::vector<Tensor>& in) {
+            Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
+            // Training without running stats, so repeated evaluations see the same function.
+            return batch_norm(xi, in[1], in[2], training ? Tensor() : rm, training ? Tensor() : rv, training, 0.1, 1e-5);
+          },
+          {x, w, b}, 1e-6, training ? "batch_norm train" : "batch_norm eval");
+    }
+  }
+  // 2-D input (N, C), no affine parameters.
+  Tensor x2 = leaf({5, 4}, gen);
+  expect_gradients_match([](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true); },
+                         {x2}, 1e-6, "batch_norm 2-D");
+  // Bias only: its gradient keeps the bias dtype.
+  Tensor x3 = leaf({3, 2, 4}, gen), b3 = leaf({2}, gen);
+  expect_gradients_match([](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), in[1], Tensor(), Tensor(), true); },
+                         {x3, b3}, 1e-6, "batch_norm 3-D bias only");
+}
+
+TEST(BatchNorm, SameBitsForAnyThreadCount) {
+  Generator gen(6);
+  for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    Tensor x = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+    Tensor g = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+    Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
+    auto run = [&] {
+      Tensor rm = ops::zeros({16}), rv = ops::ones({16});
+      auto r = ops::batch_norm(x, w, b, rm, rv, {true, 0.1, 1e-5});
+      auto d = ops::batch_norm_backward(g, x, w, r.save_mean, r.save_invstd, {true, 0.1, 1e-5}, {true, true, true});
+      return std::vector<Tensor>{r.out, r.save_mean, r.save_invstd, rv, d.grad_input, d.grad_weight, d.grad_bias};
+    };
+    auto one = with_threads(1, run);
+    auto two = with_threads(2, run);
+    for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "output " + std::to_string(i));
+  }
+}
+
+TEST(BatchNorm, BadInputsAreClearErrors) {
+  Tensor x = ops::zeros({4, 3, 2, 2});
+  std::string m = error_message([&] { ops::batch_norm(x, ops::ones({4}), Tensor(), Tensor(), Tensor(), {}); });
+  EXPECT_NE(m.find("batch_norm"), std::string::npos) << m;
+  EXPECT_NE(m.find("weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("[3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4]"), std::string::npos) << m;
+  m = error_message([&] { ops::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), {false, 0.1, 1e-5}); });
+  EXPECT_NE(m.find("running_mean"), std::string::npos) << m;
+  m = error_message([&] { ops::batch_norm(x, Tensor(), Tensor(), ops::zeros({3}), ops::ones({2}), {}); });
+  EXPECT_NE(m.find("running_var"), std::string::npos) << m;
+  m = error_message([&] { ops::batch_norm(ops::zeros({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), {}); });
+  EXPECT_NE(m.find("more than 1 value per channel"), std::string::npos) << m;
+  m = error_message([&] { ops::batch_norm(ops::zeros({5}), Tensor(), Tensor(), Tensor(), Tensor(), {}); });
+  EXPECT_NE(m.find("(N, C)"), std::string::npos) << m;
+}
+
+// ---- layer norm -------------------------------------------------------------------------------------
+
+TEST(LayerNorm, MatchesNaiveReference) {
+  Generator gen(7);
+  const int64_t M = 6, A = 3, B = 4;
+  Tensor x = ops::add_scalar(ops::randn({2, 3, A, B}, DType::F64, kCPU, &gen), 10.0);
+  Tensor w = ops::randn({A, B}, DType::F64, kCPU, &gen), b = ops::randn({A, B}, DType::F64, kCPU, &gen);
+  auto r = ops::layer_norm(x, {A, B}, w, b, 1e-5);
+  EXPECT_EQ(r.mean.shape(), (Shape{2, 3, 1, 1}));
+  const auto xv = x.tolist<double>(), wv = w.tolist<double>(), bv = b.tolist<double>();
+  std::vector<double> y(xv.size()), mean, rstd;
+  for (int64_t m = 0; m < M; ++m) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < A * B; ++j) mu += xv[m * A * B + j];
+    mu /= A * B;
+    for (int64_t j = 0; j < A * B; ++j) var += std::pow(xv[m * A * B + j] - mu, 2);
+    var /= A * B;
+    mean.push_back(mu);
+    rstd.push_back(1 / std::sqrt(var + 1e-5));
+    for (int64_t j = 0; j < A * B; ++j) y[m * A * B + j] = (xv[m * A * B + j] - mu) * rstd.back() * wv[j] + bv[j];
+  }
+  expect_close(r.out, Tensor::from_vector(y, x.shape()), 1e-12, 1e-12, "y");
+  expect_close(ops::reshape(r.mean, {M}), Tensor::from_vector(mean), 1e-12, 1e-12, "mean");
+  expect_close(ops::reshape(r.rstd, {M}), Tensor::from_vector(rstd), 1e-10, 1e-10, "rstd");
+}
+
+TEST(LayerNorm, GradientsMatchFiniteDifferences) {
+  Generator gen(8);
+  Tensor x = leaf({3, 2, 5}, gen), w = leaf({2, 5}, gen), b = leaf({2, 5}, gen);
+  expect_gradients_match([](const std::vector<Tensor>& in) { return layer_norm(in[0], {2, 5}, in[1], in[2], 1e-5); },
+                         {x, w, b}, 1e-6, "layer_norm 2 dims");
+  Tensor x2 = leaf({4, 7}, gen);
+  expect_gradients_match([](const std::vector<Tensor>& in) { return layer_norm(in[0], {7}); }, {x2}, 1e-6,
+                         "layer_norm no affine");
+  // A non-contiguous input (transposed view).
+  Tensor x3 = leaf({6, 3}, gen), w3 = leaf({6}, gen);
+  expect_gradients_match([](const std::vector<Tensor>& in) { return layer_norm(in[0].t(), {6}, in[1]); }, {x3, w3},
+                         1e-6, "layer_norm transposed input");
+}
+
+TEST(LayerNorm, HalfAndThreads) {
+  Generator gen(9);
+  Tensor x = ops::randn({64, 300}, DType::F32, kCPU, &gen);
+  Tensor w = ops::randn({300}, DType::F32, kCPU, &gen), b = ops::randn({300}, DType::F32, kCPU, &gen);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    Tensor xh = ops::to_dtype(x, dt);
+    auto r = ops::layer_norm(xh, {300}, w, b, 1e-5);
+    auto ref = ops::layer_norm(ops::to_dtype(xh, DType::F64), {300}, ops::to_dtype(w, DType::F64),
+                               ops::to_dtype(b, DType::F64), 1e-5);
+    EXPECT_EQ(r.out.dtype(), dt);
+    EXPECT_EQ(r.rstd.dtype(), DType::F32);
+    const double u = dt == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    expect_close(r.out, ref.out, 4 * u, 2 * u, "16-bit layer_norm");
+  }
+  Tensor g = ops::randn({64, 300}, DType::F32, kCPU, &gen);
+  auto run = [&] {
+    auto r = ops::layer_norm(x, {300}, w, b, 1e-5);
+    auto d = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, 1, {true, true, true});
+    return std::vector<Tensor>{r.out, d.grad_input, d.grad_weight, d.grad_bias};
+  };
+  auto one = with_threads(1, run);
+  auto two = with_threads(2, run);
+  for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "layer_norm output " + std::to_string(i));
+}
+
+TEST(LayerNorm, BadInputsAreClearErrors) {
+  Tensor x = ops::zeros({2, 3, 4});
+  std::string m = error_message([&] { ops::layer_norm(x, {3}, Tensor(), Tensor(), 1e-5); });
+  EXPECT_NE(m.find("layer_norm"), std::string::npos) << m;
+  EXPECT_NE(m.find("[3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 3, 4]"), std::string::npos) << m;
+  m = error_message([&] { ops::layer_norm(x, {3, 4}, ops::ones({4}), Tensor(), 1e-5); });
+  EXPECT_NE(m.find("weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("[3, 4]"), std::string::npos) << m;
+}

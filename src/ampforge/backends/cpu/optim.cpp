@@ -1,0 +1,109 @@
+// Fused optimizer kernels over flat buffers: one pass updates every parameter of a group.
+// Layout (KernelArgs): outputs = {param (F32), state...[, model_param (16-bit copy)]}, inputs = {grad[, found_inf]}.
+// A non-zero found_inf skips the step (the GradScaler's decision, read where the data lives).
+#include <cmath>
+
+#include "ampforge/backends/cpu/loops.h"
+#include "ampforge/backends/cpu/register.h"
+#include "ampforge/core/attrs.h"
+#include "ampforge/core/dispatch.h"
+
+namespace ampforge::cpu {
+namespace {
+
+bool skip_step(const KernelArgs& a, size_t found_inf_index) {
+  if (a.inputs.size() <= found_inf_index || !a.in(found_inf_index).defined()) return false;
+  return *static_cast<const float*>(a.in(found_inf_index).data_ptr()) != 0.0f;
+}
+
+// Gradients arrive in the parameter dtype or (master-weight mode) in 16 bits; read them as float.
+template <class F>
+void with_grad_floats(const Tensor& grad, int64_t begin, int64_t end, F&& f) {
+  alignas(64) float buf[kChunk];
+  for (int64_t c = begin; c < end; c += kChunk) {
+    const int64_t m = std::min(kChunk, end - c);
+    const float* g;
+    switch (grad.dtype()) {
+      case DType::F32: g = static_cast<const float*>(grad.data_ptr()) + c; break;
+      case DType::F16: load_n<Half, float>(static_cast<const Half*>(grad.data_ptr()) + c, buf, m); g = buf; break;
+      case DType::BF16:
+        load_n<BFloat16, float>(static_cast<const BFloat16*>(grad.data_ptr()) + c, buf, m);
+        g = buf;
+        break;
+      default: AF_THROW(InvalidArgument, "optimizer: unsupported gradient dtype {}", dtype_name(grad.dtype()));
+    }
+    f(c, m, g);
+  }
+}
+
+void store_model_copy(const KernelArgs& a, size_t idx, const float* p, int64_t c, int64_t m) {
+  if (a.outputs.size() <= idx) return;
+  const Tensor& mp = a.out(idx);
+  if (mp.dtype() == DType::F16) store_n<Half, float>(p, static_cast<Half*>(mp.data_ptr()) + c, m);
+  else if (mp.dtype() == DType::BF16) store_n<BFloat16, float>(p, static_cast<BFloat16*>(mp.data_ptr()) + c, m);
+}
+
+void adamw_kernel(const KernelArgs& a) {
+  if (skip_step(a, 1)) return;
+  const auto& at = a.attr<AdamWAttrs>();
+  const Tensor& param = a.out(0);
+  float* p = static_cast<float*>(param.data_ptr());
+  float* m1 = static_cast<float*>(a.out(1).data_ptr());
+  float* m2 = static_cast<float*>(a.out(2).data_ptr());
+  const double bc1 = 1.0 - std::pow(at.beta1, static_cast<double>(at.step));
+  const double bc2 = 1.0 - std::pow(at.beta2, static_cast<double>(at.step));
+  const float lr = static_cast<float>(at.lr), b1 = static_cast<float>(at.beta1), b2 = static_cast<float>(at.beta2);
+  const float decay = static_cast<float>(1.0 - at.lr * at.weight_decay);
+  const float step_size = static_cast<float>(at.lr / bc1);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  const float eps = static_cast<float>(at.eps);
+  (void)lr;
+  parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
+    with_grad_floats(a.in(0), b, e, [&](int64_t c, int64_t m, const float* g) {
+      float* pp = p + c;
+      float* mm = m1 + c;
+      float* vv = m2 + c;
+      for (int64_t i = 0; i < m; ++i) {
+        pp[i] *= decay;  // decoupled weight decay (AdamW), applied before the Adam update as PyTorch does
+        mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
+        vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
+        pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / sqrt_bc2 + eps);  // PyTorch order of operations
+      }
+      store_model_copy(a, 3, pp, c, m);
+    });
+  });
+}
+
+void sgd_kernel(const KernelArgs& a) {
+  if (skip_step(a, 1)) return;
+  const auto& at = a.attr<SgdAttrs>();
+  const Tensor& param = a.out(0);
+  float* p = static_cast<float*>(param.data_ptr());
+  float* buf = a.outputs.size() > 1 && a.out(1).defined() ? static_cast<float*>(a.out(1).data_ptr()) : nullptr;
+  const float lr = static_cast<float>(at.lr), mom = static_cast<float>(at.momentum);
+  const float damp = static_cast<float>(at.dampening), wd = static_cast<float>(at.weight_decay);
+  parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
+    with_grad_floats(a.in(0), b, e, [&](int64_t c, int64_t m, const float* g) {
+      float* pp = p + c;
+      for (int64_t i = 0; i < m; ++i) {
+        float d = g[i] + wd * pp[i];
+        if (buf != nullptr) {
+          float& bb = buf[c + i];
+          bb = at.first_step ? d : mom * bb + (1.0f - damp) * d;
+          d = at.nesterov ? d + mom * bb : bb;
+        }
+        pp[i] -= lr * d;
+      }
+      store_model_copy(a, 2, pp, c, m);
+    });
+  });
+}
+
+}  // namespace
+
+void register_optim_cpu() {
+  register_kernel(OpId::adamw_step, DeviceType::CPU, adamw_kernel);
+  register_kernel(OpId::sgd_step, DeviceType::CPU, sgd_kernel);
+}
+
+}  // namespace ampforge::cpu

@@ -1,0 +1,102 @@
+// `ampforge train`: trains a model on a real data set (default: the small CNN on Fashion-MNIST).
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/cli/commands.h"
+#include "ampforge/models/models.h"
+#include "ampforge/train/trainer.h"
+
+namespace ampforge::cli {
+
+namespace {
+struct TrainFlags {
+  train::TrainConfig cfg;
+  std::string precision = "fp32";
+  bool json = false;
+  bool no_progress = false;
+  bool no_channels_last = false;
+};
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto flags = std::make_shared<TrainFlags>();
+  auto& c = flags->cfg;
+  auto* sub = app.add_subcommand("train", "Train a model (default: the small CNN on Fashion-MNIST, 5 epochs)");
+  sub->add_option("--model", c.model, "Model: cnn | resnet-small")->capture_default_str();
+  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | synthetic")->capture_default_str();
+  sub->add_option("--data-dir", c.data_dir, "Directory with the IDX files (default: /usr/share/datasets/<dataset>)");
+  sub->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
+  sub->add_option("--batch", c.batch_size, "Batch size")->capture_default_str();
+  sub->add_option("--lr", c.lr, "Learning rate")->capture_default_str();
+  sub->add_option("--optimizer", c.optimizer, "adamw | sgd")->capture_default_str();
+  sub->add_option("--weight-decay", c.weight_decay, "Weight decay (default: AdamW 0.01, SGD 0)");
+  sub->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  sub->add_flag("--nesterov", c.nesterov, "SGD with Nesterov momentum");
+  sub->add_option("--schedule", c.schedule, "LR schedule: constant | step | cosine")->capture_default_str();
+  sub->add_option("--warmup", c.warmup_steps, "Linear LR warm-up steps")->capture_default_str();
+  sub->add_option("--clip-grad", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
+  sub->add_option("--precision", flags->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
+      ->capture_default_str();
+  sub->add_flag("--master-weights", c.master_weights, "Keep parameters in 16 bits with F32 master weights (Apex O2)");
+  sub->add_option("--nan-policy", c.nan_policy, "On a non-finite loss without a scaler: stop | skip")->capture_default_str();
+  sub->add_option("--threads", c.threads, "CPU threads (0: all cores)")->capture_default_str();
+  sub->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
+  sub->add_option("--seed", c.seed, "Random seed")->capture_default_str();
+  sub->add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (checkpoint if --save)");
+  sub->add_option("--synthetic-size", c.synthetic_size, "Examples in the synthetic data set")->capture_default_str();
+  sub->add_option("--crop-padding", c.crop_padding, "Augmentation: random crop after padding (pixels)")->capture_default_str();
+  sub->add_flag("--hflip", c.hflip, "Augmentation: random horizontal flips");
+  sub->add_flag("--no-channels-last", flags->no_channels_last, "Use NCHW activations instead of channels-last");
+  sub->add_option("--save", c.save, "Checkpoint file (safetensors), written after each epoch and on Ctrl-C");
+  sub->add_option("--resume", c.resume, "Resume from this checkpoint");
+  sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
+  sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
+  return {sub, [flags] {
+            train::TrainConfig cfg = flags->cfg;
+            cfg.precision = dtype_from_string(flags->precision);
+            cfg.channels_last = !flags->no_channels_last;
+            cfg.progress = !flags->no_progress;
+            train::install_sigint_handler();
+            train::TrainResult r = train::train(cfg);
+            std::fprintf(stderr,
+                         "\nsummary: %s on %s (%s): test accuracy %.2f%%, test loss %.4f, %lld steps, %.0f train "
+                         "samples/s, wall %.1fs, peak memory %.1f MiB%s\n",
+                         r.model.c_str(), r.dataset.c_str(), r.precision.c_str(), 100.0 * r.test_accuracy, r.test_loss,
+                         static_cast<long long>(r.steps), r.train_samples_per_sec, r.wall_seconds,
+                         static_cast<double>(r.peak_memory_bytes) / (1 << 20),
+                         r.checkpoint.empty() ? "" : (", checkpoint " + r.checkpoint).c_str());
+            if (r.loss_scale > 0 || r.skipped_steps > 0)
+              std::fprintf(stderr, "mixed precision: loss scale %.0f, skipped steps %lld, overflow events %lld\n",
+                           r.loss_scale, static_cast<long long>(r.skipped_steps), static_cast<long long>(r.overflow_events));
+            if (!r.stopped_reason.empty()) std::fprintf(stderr, "stopped: %s\n", r.stopped_reason.c_str());
+            if (flags->json) {
+              nlohmann::json j = {{"model", r.model},
+                                  {"dataset", r.dataset},
+                                  {"precision", r.precision},
+                                  {"epochs", r.epochs_completed},
+                                  {"steps", r.steps},
+                                  {"parameters", r.parameters},
+                                  {"test_accuracy", r.test_accuracy},
+                                  {"test_loss", r.test_loss},
+                                  {"final_train_loss", r.final_train_loss},
+                                  {"train_samples_per_sec", r.train_samples_per_sec},
+                                  {"train_seconds", r.train_seconds},
+                                  {"data_wait_seconds", r.data_wait_seconds},
+                                  {"wall_seconds", r.wall_seconds},
+                                  {"peak_memory_bytes", r.peak_memory_bytes},
+                                  {"epoch_accuracy", r.epoch_accuracy},
+                                  {"loss_scale", r.loss_scale},
+                                  {"skipped_steps", r.skipped_steps},
+                                  {"overflow_events", r.overflow_events},
+                                  {"stopped_reason", r.stopped_reason},
+                                  {"checkpoint", r.checkpoint}};
+              std::printf("%s\n", j.dump().c_str());
+            }
+            if (r.interrupted) return 130;
+            if (r.stopped_reason.rfind("non-finite", 0) == 0) return 1;
+            return 0;
+          }};
+}
+
+}  // namespace ampforge::cli

@@ -1,0 +1,164 @@
+#include "ampforge/data/data_loader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ampforge/core/generator.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/util/timer.h"
+
+namespace ampforge::data {
+
+namespace {
+// Stream keys: distinct constants keep the shuffle and augmentation streams independent.
+uint64_t epoch_key(uint64_t seed, int64_t epoch, uint64_t salt) {
+  auto w = philox4x32(seed ^ salt, static_cast<uint64_t>(epoch));
+  return (static_cast<uint64_t>(w[0]) << 32) | w[1];
+}
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt) : ds_(std::move(dataset)), opt_(opt) {
+  AF_CHECK(ds_ != nullptr, "DataLoader: no dataset");
+  AF_CHECK(opt_.batch_size > 0, "DataLoader: batch size must be positive, got {}", opt_.batch_size);
+  AF_CHECK(opt_.workers >= 0 && opt_.workers <= 64, "DataLoader: workers must be in [0, 64], got {}", opt_.workers);
+  AF_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch must be >= 1");
+  AF_CHECK(opt_.std > 0, "DataLoader: normalisation std must be positive");
+  AF_CHECK(opt_.crop_padding >= 0, "DataLoader: crop padding must be >= 0");
+  if (opt_.format == MemoryFormat::ChannelsLast)
+    AF_CHECK(ds_->example_shape().size() == 3, "DataLoader: channels-last needs (C, H, W) examples");
+}
+
+DataLoader::~DataLoader() { stop_workers(); }
+
+int64_t DataLoader::num_batches() const {
+  const int64_t n = ds_->size();
+  return opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
+}
+
+void DataLoader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lk(m_);
+    stop_ = true;
+  }
+  cv_produce_.notify_all();
+  cv_consume_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
+  stop_workers();
+  const int64_t n = ds_->size();
+  order_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order_[i] = i;
+  if (opt_.shuffle) {
+    // Fisher-Yates with a Philox stream keyed by (seed, epoch).
+    const uint64_t key = epoch_key(opt_.seed, epoch, 0x5f0ff1eULL);
+    for (int64_t i = n - 1; i > 0; --i) {
+      auto w = philox4x32(key, static_cast<uint64_t>(i));
+      const uint64_t r = (static_cast<uint64_t>(w[0]) << 32) | w[1];
+      std::swap(order_[i], order_[static_cast<int64_t>(r % static_cast<uint64_t>(i + 1))]);
+    }
+  }
+  epoch_ = epoch;
+  AF_CHECK(skip_batches >= 0 && skip_batches <= num_batches(), "DataLoader: cannot skip {} of {} batches", skip_batches,
+           num_batches());
+  next_consume_ = next_produce_ = skip_batches;
+  end_ = num_batches();
+  ready_.clear();
+  error_ = nullptr;
+  stop_ = false;
+  for (int i = 0; i < opt_.workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void DataLoader::worker_loop() {
+  for (;;) {
+    int64_t b;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_produce_.wait(lk, [&] { return stop_ || (next_produce_ < end_ && next_produce_ < next_consume_ + opt_.prefetch); });
+      if (stop_) return;
+      b = next_produce_++;
+    }
+    Batch batch;
+    try {
+      batch = build(b);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(m_);
+      if (!error_) error_ = std::current_exception();
+      cv_consume_.notify_all();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      ready_.emplace(b, std::move(batch));
+    }
+    cv_consume_.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  if (next_consume_ >= end_) return std::nullopt;
+  if (opt_.workers == 0) return build(next_consume_++);
+  const int64_t t0 = now_ns();
+  std::unique_lock<std::mutex> lk(m_);
+  cv_consume_.wait(lk, [&] { return error_ || ready_.count(next_consume_) > 0; });
+  wait_ns_.fetch_add(now_ns() - t0);
+  if (error_) std::rethrow_exception(error_);
+  auto it = ready_.find(next_consume_);
+  Batch b = std::move(it->second);
+  ready_.erase(it);
+  ++next_consume_;
+  lk.unlock();
+  cv_produce_.notify_all();
+  return b;
+}
+
+Batch DataLoader::build(int64_t b) const {
+  const int64_t n = ds_->size();
+  const int64_t begin = b * opt_.batch_size, end = std::min(n, begin + opt_.batch_size);
+  const int64_t bs = end - begin;
+  const Shape es = ds_->example_shape();
+  const int64_t C = es[0], H = es.size() > 1 ? es[1] : 1, W = es.size() > 2 ? es[2] : 1;
+  const int64_t plane = H * W, per = C * plane;
+  Shape xs{bs};
+  for (int64_t s : es) xs.push_back(s);
+  Tensor x = Tensor::empty(xs, DType::F32, kCPU, opt_.format);
+  Tensor y = Tensor::empty({bs}, DType::I64);
+  float* xp = x.data<float>();
+  int64_t* yp = y.data<int64_t>();
+  const bool cl = opt_.format == MemoryFormat::ChannelsLast && C > 1;
+  const float mean = opt_.normalize ? opt_.mean : 0.0f, inv_std = opt_.normalize ? 1.0f / opt_.std : 1.0f;
+  const uint64_t aug_key = epoch_key(opt_.seed, epoch_, 0xa06e47ULL);
+  std::vector<float> raw(static_cast<size_t>(per)), tmp(static_cast<size_t>(per));
+  for (int64_t k = 0; k < bs; ++k) {
+    const int64_t idx = order_[begin + k];
+    ds_->get(idx, raw.data());
+    yp[k] = ds_->label(idx);
+    const float* src = raw.data();
+    if (opt_.crop_padding > 0 || opt_.hflip) {
+      auto w = philox4x32(aug_key, static_cast<uint64_t>(idx));
+      const int64_t p = opt_.crop_padding;
+      const int64_t dy = p > 0 ? static_cast<int64_t>(w[0] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+      const int64_t dx = p > 0 ? static_cast<int64_t>(w[1] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
+      const bool flip = opt_.hflip && (w[2] & 1u);
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t ww = 0; ww < W; ++ww) {
+            const int64_t sh = h + dy, sw0 = flip ? W - 1 - ww : ww, sw = sw0 + dx;
+            tmp[c * plane + h * W + ww] = (sh >= 0 && sh < H && sw >= 0 && sw < W) ? raw[c * plane + sh * W + sw] : 0.0f;
+          }
+      src = tmp.data();
+    }
+    float* dst = xp + k * per;
+    if (cl) {
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t q = 0; q < plane; ++q) dst[q * C + c] = (src[c * plane + q] - mean) * inv_std;
+    } else {
+      for (int64_t q = 0; q < per; ++q) dst[q] = (src[q] - mean) * inv_std;
+    }
+  }
+  return Batch{x, y, b};
+}
+
+}  // namespace ampforge::data

@@ -1,0 +1,78 @@
+// DataLoader: seeded shuffling, batching, normalisation, augmentation (random crop with zero padding,
+// horizontal flip) and background worker threads that prefetch batches in order.
+//
+// Determinism: the order of an epoch depends only on (seed, epoch); the augmentation of an example only
+// on (seed, epoch, example index). The number of workers changes speed, never the data.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "ampforge/core/tensor.h"
+#include "ampforge/data/dataset.h"
+
+namespace ampforge::data {
+
+struct Batch {
+  Tensor x;  // (B, C, H, W) F32, normalised
+  Tensor y;  // (B) I64 labels
+  int64_t index = 0;  // batch number within the epoch
+};
+
+struct LoaderOptions {
+  int64_t batch_size = 128;
+  bool shuffle = true;
+  bool drop_last = false;
+  uint64_t seed = 0;
+  int workers = 1;   // background threads; 0 builds batches on the calling thread
+  int prefetch = 2;  // batches ready ahead of the consumer
+  bool normalize = true;
+  float mean = 0.0f, std = 1.0f;  // normalisation constants (use the training split's)
+  int64_t crop_padding = 0;       // > 0: random crop after zero padding by this many pixels
+  bool hflip = false;
+  MemoryFormat format = MemoryFormat::Contiguous;
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  int64_t num_batches() const;
+  int64_t batch_size() const { return opt_.batch_size; }
+  const Dataset& dataset() const { return *ds_; }
+  // Starts an epoch (stopping the previous one), skipping its first `skip_batches` batches (resume).
+  void start_epoch(int64_t epoch, int64_t skip_batches = 0);
+  // The next batch in order; nullopt at the end of the epoch. Blocks while the batch is being built.
+  std::optional<Batch> next();
+  // Seconds the consumer has spent blocked in next() since construction (data-loading stalls).
+  double wait_seconds() const { return wait_ns_.load() * 1e-9; }
+
+ private:
+  Batch build(int64_t b) const;
+  void worker_loop();
+  void stop_workers();
+
+  std::shared_ptr<const Dataset> ds_;
+  LoaderOptions opt_;
+  std::vector<int64_t> order_;
+  int64_t epoch_ = 0, next_consume_ = 0, next_produce_ = 0, end_ = 0;
+  std::mutex m_;
+  std::condition_variable cv_produce_, cv_consume_;
+  std::map<int64_t, Batch> ready_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+  std::atomic<int64_t> wait_ns_{0};
+};
+
+}  // namespace ampforge::data

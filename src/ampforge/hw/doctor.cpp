@@ -1,0 +1,152 @@
+// Gathering for `ampforge doctor`. The Python probes start first and run while the libraries and GPUs are
+// read, so a slow `import tensorflow` overlaps the rest.
+#include "ampforge/hw/doctor.h"
+
+#include "ampforge/util/build_info.h"
+#include "ampforge/util/timer.h"
+
+namespace ampforge::hw {
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::Pass: return "PASS";
+    case Verdict::Warn: return "WARN";
+    case Verdict::Fail: return "FAIL";
+    case Verdict::Skip: return "SKIP";
+  }
+  return "?";
+}
+
+int DoctorReport::count(Verdict v) const {
+  int n = 0;
+  for (const auto& c : checks) n += c.verdict == v;
+  return n;
+}
+
+namespace {
+
+GpuReport read_gpu(NvmlDevice& d) {
+  GpuReport g;
+  g.index = d.index();
+  g.name = d.name();
+  g.uuid = d.uuid();
+  g.bus_id = d.pci_bus_id();
+  g.compute_capability = d.compute_capability();
+  g.memory = d.memory();
+  g.sm_clock_mhz = d.clock_mhz(nvml::kClockSm);
+  g.sm_clock_max_mhz = d.max_clock_mhz(nvml::kClockSm);
+  g.mem_clock_mhz = d.clock_mhz(nvml::kClockMem);
+  g.mem_clock_max_mhz = d.max_clock_mhz(nvml::kClockMem);
+  g.pcie_gen_idle = d.pcie_gen_current();
+  g.pcie_width_idle = d.pcie_width_current();
+  g.pcie_gen_max_gpu = d.pcie_gen_max_gpu();
+  g.pcie_gen_max_system = d.pcie_gen_max_system();
+  g.pcie_width_max = d.pcie_width_max();
+  g.temperature_c = d.temperature_c();
+  g.slowdown_c = d.temperature_threshold_c(nvml::kThresholdSlowdown);
+  g.shutdown_c = d.temperature_threshold_c(nvml::kThresholdShutdown);
+  g.fan_percent = d.fan_percent();
+  g.power_mw = d.power_mw();
+  g.power_limit_mw = d.power_limit_mw();
+  g.throttle_reasons = d.clocks_event_reasons();
+  g.ecc_enabled = d.ecc_enabled();
+  g.ecc_corrected_volatile = d.ecc_errors(nvml::kMemoryErrorCorrected, nvml::kEccVolatile);
+  g.ecc_uncorrected_volatile = d.ecc_errors(nvml::kMemoryErrorUncorrected, nvml::kEccVolatile);
+  g.ecc_uncorrected_aggregate = d.ecc_errors(nvml::kMemoryErrorUncorrected, nvml::kEccAggregate);
+  g.persistence_mode = d.persistence_mode();
+  g.processes = d.processes();
+  g.pcie_tx_kbps = d.pcie_throughput_kbps(nvml::kPcieTxBytes);
+  g.pcie_rx_kbps = d.pcie_throughput_kbps(nvml::kPcieRxBytes);
+  if (g.name.ok()) g.spec = find_gpu_spec(*g.name);
+  return g;
+}
+
+void sync_status(GpuReport& g, const NvmlDevice& d) {
+  g.lost = d.lost();
+  g.error = d.error();
+}
+
+}  // namespace
+
+DoctorReport run_doctor(const DoctorOptions& options) {
+  const Stopwatch sw;
+  DoctorReport r;
+  r.ampforge_version = AMPFORGE_VERSION_STRING;
+  r.alert_temp_c = options.alert_temp_c;
+  PythonProbe python(options.python_timeout_s);
+  r.host = probe_host();
+  r.libraries = probe_libraries();
+
+  auto nvml = Nvml::open();
+  r.driver.nvml_library = nvml->library_path();
+  if (!nvml->ok()) {
+    r.driver.error = nvml->error();
+    r.driver.driver_version = Field<std::string>::missing("no driver");
+    r.driver.nvml_version = Field<std::string>::missing("no driver");
+    r.driver.cuda_version = Field<int>::missing("no driver");
+    r.driver.gpu_count = Field<unsigned>::missing("no driver");
+  } else {
+    r.driver.nvml_loaded = true;
+    r.driver.driver_version = nvml->driver_version();
+    r.driver.nvml_version = nvml->nvml_version();
+    r.driver.cuda_version = nvml->cuda_driver_version();
+    r.driver.gpu_count = nvml->device_count();
+    std::vector<NvmlDevice> devices;
+    const unsigned n = r.driver.gpu_count.ok() ? *r.driver.gpu_count : 0;
+    for (unsigned i = 0; i < n; ++i) {
+      auto dev = nvml->device(i);
+      if (!dev.ok()) {
+        GpuReport g;
+        g.index = i;
+        g.error = dev.na;
+        g.lost = dev.na.find("lost") != std::string::npos || dev.na.find("(NVML error 15)") != std::string::npos;
+        r.gpus.push_back(std::move(g));
+        continue;
+      }
+      devices.push_back(*dev);
+      r.gpus.push_back(read_gpu(devices.back()));
+      sync_status(r.gpus.back(), devices.back());
+    }
+
+    // Under load: only with a CUDA runtime that sees the GPU.
+    std::unique_ptr<CudaRuntime> cuda;
+    for (auto& d : devices) {
+      GpuReport* g = nullptr;
+      for (auto& gr : r.gpus)
+        if (gr.index == d.index()) g = &gr;
+      if (!g || g->lost) continue;
+      if (!g->bus_id.ok()) {
+        g->link_busy_error = g->bandwidth_error = "the GPU's PCI bus id is unknown (" + g->bus_id.na + ")";
+        continue;
+      }
+      if (!cuda) cuda = CudaRuntime::open();
+      std::string why;
+      auto cuda_dev = cuda->device_for_bus_id(*g->bus_id, &why);
+      if (!cuda_dev) {
+        g->link_busy_error = g->bandwidth_error = why;
+        continue;
+      }
+      g->link_busy_error = cuda->with_link_busy(*cuda_dev, [&] {
+        g->pcie_gen_busy = d.pcie_gen_current();
+        g->pcie_width_busy = d.pcie_width_current();
+        g->pcie_tx_kbps = d.pcie_throughput_kbps(nvml::kPcieTxBytes);
+        g->pcie_rx_kbps = d.pcie_throughput_kbps(nvml::kPcieRxBytes);
+      });
+      if (options.measure_bandwidth) {
+        g->bandwidth = cuda->measure_bandwidth(*cuda_dev, options.bandwidth_bytes, options.bandwidth_copies, &why);
+        if (!g->bandwidth) g->bandwidth_error = why;
+      } else {
+        g->bandwidth_error = "skipped (--no-bandwidth)";
+      }
+      // Our own copies made this process a GPU user: the process list is read again without counting us.
+      g->processes = d.processes();
+      sync_status(*g, d);
+    }
+  }
+  r.python = python.collect();
+  evaluate_checks(r);
+  r.elapsed_s = sw.seconds();
+  return r;
+}
+
+}  // namespace ampforge::hw

@@ -1,0 +1,112 @@
+// `ampforge doctor`: gather what the machine has (driver, CUDA libraries, GPUs, host, Python frameworks),
+// then judge it with checks, each PASS / WARN / FAIL / SKIP with one line of explanation and a fix.
+// Gathering (run_doctor) touches the machine; judging (evaluate_checks) is a pure function of the gathered
+// report, so each rule is unit-testable. The --json form and every check are documented in docs/DOCTOR.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/hw/field.h"
+#include "ampforge/hw/gpu_specs.h"
+#include "ampforge/hw/host_probe.h"
+#include "ampforge/hw/libraries.h"
+#include "ampforge/hw/nvml.h"
+#include "ampforge/hw/pcie.h"
+#include "ampforge/hw/python_probe.h"
+
+namespace ampforge::hw {
+
+enum class Verdict { Pass, Warn, Fail, Skip };
+const char* verdict_name(Verdict v);  // "PASS", ...
+
+struct CheckResult {
+  std::string id;          // "driver.cuda_runtime", "gpu0.pcie_link", ...
+  std::optional<unsigned> gpu;
+  Verdict verdict;
+  std::string message;     // one line: what was found
+  std::string fix;         // one line: what to do (empty for PASS)
+};
+
+struct GpuReport {
+  unsigned index = 0;
+  Field<std::string> name, uuid, bus_id;
+  Field<std::pair<int, int>> compute_capability;
+  Field<nvml::Memory> memory;
+  Field<unsigned> sm_clock_mhz, sm_clock_max_mhz, mem_clock_mhz, mem_clock_max_mhz;
+  // The link as read while idle, and again while host-to-device copies keep it busy (when that was possible).
+  Field<unsigned> pcie_gen_idle, pcie_width_idle;
+  Field<unsigned> pcie_gen_busy, pcie_width_busy;
+  std::string link_busy_error;  // why the link could not be read under load
+  Field<unsigned> pcie_gen_max_gpu, pcie_gen_max_system, pcie_width_max;
+  Field<unsigned> pcie_tx_kbps, pcie_rx_kbps;
+  Field<unsigned> temperature_c, slowdown_c, shutdown_c;
+  Field<unsigned> fan_percent;
+  Field<unsigned> power_mw, power_limit_mw;
+  Field<uint64_t> throttle_reasons;
+  Field<bool> ecc_enabled;
+  Field<uint64_t> ecc_corrected_volatile, ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
+  Field<bool> persistence_mode;
+  Field<std::vector<GpuProcess>> processes;
+  std::optional<BandwidthResult> bandwidth;
+  std::string bandwidth_error;
+  const GpuSpec* spec = nullptr;
+  bool lost = false;
+  std::string error;  // the first per-GPU error (GPU_IS_LOST or another failure)
+
+  // The link as the checks see it: under load when that was read, else idle.
+  const Field<unsigned>& pcie_gen() const { return pcie_gen_busy.ok() ? pcie_gen_busy : pcie_gen_idle; }
+  const Field<unsigned>& pcie_width() const { return pcie_width_busy.ok() ? pcie_width_busy : pcie_width_idle; }
+  bool link_read_busy() const { return pcie_gen_busy.ok(); }
+};
+
+struct DriverReport {
+  bool nvml_loaded = false;  // NVML opened and initialised
+  std::string nvml_library;
+  std::string error;  // why NVML is unusable
+  Field<std::string> driver_version, nvml_version;
+  Field<int> cuda_version;  // the newest CUDA the driver supports (12040 = 12.4)
+  Field<unsigned> gpu_count;
+};
+
+struct DoctorOptions {
+  double alert_temp_c = 80;
+  double python_timeout_s = 6;
+  bool measure_bandwidth = true;
+  size_t bandwidth_bytes = 64u << 20;
+  int bandwidth_copies = 8;
+};
+
+struct DoctorReport {
+  std::string ampforge_version;
+  DriverReport driver;
+  LibrariesReport libraries;
+  HostInfo host;
+  PythonReport python;
+  std::vector<GpuReport> gpus;
+  std::vector<CheckResult> checks;
+  double alert_temp_c = 80;
+  double elapsed_s = 0;
+
+  int count(Verdict v) const;
+  int exit_code() const { return count(Verdict::Fail) > 0 ? 1 : 0; }
+};
+
+DoctorReport run_doctor(const DoctorOptions& options);
+// Fills report.checks from the gathered facts.
+void evaluate_checks(DoctorReport& report);
+
+nlohmann::json doctor_report_json(const DoctorReport& report);
+std::string doctor_report_text(const DoctorReport& report, bool colour);
+
+// Minimum versions of the Python frameworks (the project brief).
+inline constexpr const char* kMinTorchVersion = "2.0.1";
+inline constexpr const char* kMinTensorflowVersion = "2.12.0";
+// A GPU within this many degrees of its slowdown threshold fails the temperature check.
+inline constexpr unsigned kSlowdownMarginC = 5;
+
+}  // namespace ampforge::hw

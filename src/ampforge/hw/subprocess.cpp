@@ -1,0 +1,168 @@
+#include "ampforge/hw/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ampforge/util/env.h"
+#include "ampforge/util/timer.h"
+
+extern char** environ;
+
+namespace ampforge::hw {
+
+namespace {
+constexpr size_t kMaxOutput = 1 << 20;
+double now_s() { return static_cast<double>(now_ns()) * 1e-9; }
+}  // namespace
+
+std::string find_in_path(const std::string& program) {
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) return executable(program) ? program : std::string();
+  const std::string path = env_get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  size_t begin = 0;
+  while (begin <= path.size()) {
+    size_t end = path.find(':', begin);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(begin, end - begin);
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + program;
+    if (executable(candidate)) return candidate;
+    begin = end + 1;
+  }
+  return {};
+}
+
+Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr) {
+  start_s_ = now_s();
+  if (argv.empty()) {
+    result_.error = "no program given";
+    return;
+  }
+  const std::string exe = find_in_path(argv[0]);
+  if (exe.empty()) {
+    result_.error = argv[0] + ": not found in PATH";
+    return;
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    result_.error = std::string("pipe: ") + std::strerror(errno);
+    return;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  if (merge_stderr)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  else
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a timeout kills its children too
+  short flags = POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  sigset_t empty, defaults;
+  sigemptyset(&empty);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGPIPE);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, flags);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    result_.error = exe + ": " + std::strerror(rc);
+    return;
+  }
+  pid_ = pid;
+  fd_ = fds[0];
+  result_.started = true;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0) {
+    ::kill(-pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+SubprocessResult Subprocess::wait(double timeout_s) {
+  if (pid_ <= 0) return result_;
+  char buf[4096];
+  while (fd_ >= 0) {
+    const double left = start_s_ + timeout_s - now_s();
+    if (left <= 0) {
+      result_.timed_out = true;
+      break;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    ssize_t got = ::read(fd_, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {  // EOF: the program closed stdout (normally: it exited)
+      ::close(fd_);
+      fd_ = -1;
+      break;
+    }
+    if (result_.out.size() < kMaxOutput) result_.out.append(buf, static_cast<size_t>(got));
+  }
+  int status = 0;
+  if (!result_.timed_out) {
+    // stdout closed; the program may still run (it closed stdout itself). Give it until the deadline.
+    while (true) {
+      pid_t w = ::waitpid(pid_, &status, WNOHANG);
+      if (w == pid_) break;
+      if (w < 0 && errno != EINTR) break;
+      if (now_s() > start_s_ + timeout_s) {
+        result_.timed_out = true;
+        break;
+      }
+      ::usleep(2000);
+    }
+  }
+  if (result_.timed_out) {
+    ::kill(-pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    result_.error = "timed out";
+  } else if (WIFEXITED(status)) {
+    result_.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    result_.signal = WTERMSIG(status);
+  }
+  pid_ = -1;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return result_;
+}
+
+SubprocessResult run_subprocess(const std::vector<std::string>& argv, double timeout_s, bool merge_stderr) {
+  Subprocess p(argv, merge_stderr);
+  return p.wait(timeout_s);
+}
+
+}  // namespace ampforge::hw

@@ -1,0 +1,41 @@
+// Running a helper program with a deadline: doctor asks python3 for framework versions, and a broken
+// Python (an import that hangs on a dead NFS mount, a CUDA init that never returns) must not hang doctor.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ampforge::hw {
+
+struct SubprocessResult {
+  bool started = false;    // false: the program could not be run (error says why)
+  bool timed_out = false;  // killed (with its whole process group) at the deadline
+  int exit_code = -1;      // when it exited normally
+  int signal = 0;          // when a signal ended it
+  std::string out;         // stdout (and, when merged, stderr), at most 1 MiB
+  std::string error;
+};
+
+// Starts argv[0] (searched in PATH) in its own process group with stdin from /dev/null.
+class Subprocess {
+ public:
+  Subprocess(const std::vector<std::string>& argv, bool merge_stderr);
+  ~Subprocess();  // kills the process group if still running
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+  // Collects output until the program exits or `timeout_s` (counted from construction) passes.
+  SubprocessResult wait(double timeout_s);
+
+ private:
+  int pid_ = -1;
+  int fd_ = -1;
+  double start_s_ = 0;
+  SubprocessResult result_;
+};
+
+SubprocessResult run_subprocess(const std::vector<std::string>& argv, double timeout_s, bool merge_stderr = false);
+
+// The full path of a program found in PATH (or the argument itself if it contains '/' and is executable).
+std::string find_in_path(const std::string& program);
+
+}  // namespace ampforge::hw

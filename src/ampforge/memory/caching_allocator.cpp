@@ -1,0 +1,782 @@
+// The caching policy (rules in caching_allocator.h, reasoning in docs/MEMORY.md).
+// Invariants kept by every member that holds mu_:
+//   - a block is in exactly one state: allocated (in live_), pending (in pending_), or free (in its pool's
+//     free set); address neighbours are never both free (frees coalesce);
+//   - expandable segments: granule.live counts the allocated or pending blocks touching the granule; a
+//     granule with live > 0 is mapped; a mapped granule with live == 0 is in idle_ (and nowhere else);
+//   - stats_.reserved.current == bytes of plain segments + granule size * mapped granules.
+#include "ampforge/memory/caching_allocator.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "ampforge/util/error.h"
+#include "ampforge/util/log.h"
+
+namespace ampforge::memory {
+
+namespace {
+thread_local StreamId t_stream = kDefaultStream;
+constexpr size_t kMaxRequest = size_t{1} << 60;
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+// ---- configuration ----------------------------------------------------------------------------------
+PolicyConfig PolicyConfig::ampforge() {
+  PolicyConfig c;
+  c.name = "ampforge";
+  return c;
+}
+
+PolicyConfig PolicyConfig::pytorch() {
+  PolicyConfig c;
+  c.name = "pytorch";
+  c.expandable_segments = false;
+  return c;
+}
+
+PolicyConfig PolicyConfig::naive() {
+  PolicyConfig c;
+  c.name = "naive";
+  c.cache = false;
+  c.expandable_segments = false;
+  c.exact_segments = true;
+  return c;
+}
+
+PolicyConfig PolicyConfig::by_name(const std::string& name) {
+  if (name == "ampforge") return ampforge();
+  if (name == "pytorch") return pytorch();
+  if (name == "naive") return naive();
+  AF_THROW(InvalidArgument, "unknown allocator policy '{}'; expected naive, pytorch or ampforge", name);
+}
+
+StreamId current_stream() { return t_stream; }
+StreamGuard::StreamGuard(StreamId s) : previous_(t_stream) { t_stream = s; }
+StreamGuard::~StreamGuard() { t_stream = previous_; }
+
+// ---- construction -----------------------------------------------------------------------------------
+CachingAllocator::CachingAllocator(Provider& provider, PolicyConfig config, StreamEvents* events)
+    : provider_(provider), config_(std::move(config)), events_(events ? events : &host_events_) {
+  AF_CHECK(config_.round_bytes >= 64 && (config_.round_bytes & (config_.round_bytes - 1)) == 0,
+           "allocator round_bytes must be a power of two >= 64, got {}", config_.round_bytes);
+  granule_ = provider_.granularity();
+  expandable_ = config_.cache && config_.expandable_segments && provider_.supports_virtual();
+  // Address space is cheap: a range of twice the device's memory rarely runs out, and when it does (holes
+  // in the address space) another range is reserved.
+  const size_t cap = provider_.capacity();
+  capacity_ = cap;
+  range_bytes_ = config_.virtual_range != 0 ? round_up(config_.virtual_range, granule_)
+                 : cap != 0                  ? round_up(std::max(2 * cap, size_t{1} << 30), granule_)
+                                             : size_t{64} << 30;
+}
+
+CachingAllocator::~CachingAllocator() {
+  if (trace_ != nullptr) std::fclose(trace_);
+  for (Pending& p : pending_)
+    for (uint64_t t : p.tokens) events_->release(t);
+  for (auto& s : segments_) {
+    if (s->expandable) {
+      for (size_t i = 0; i < s->granules.size(); ++i) {
+        if (!s->granules[i].mapped) continue;
+        provider_.unmap(reinterpret_cast<void*>(granule_addr(*s, i)));
+        provider_.release_physical(s->granules[i].handle);
+      }
+      provider_.unreserve(reinterpret_cast<void*>(s->base), s->size);
+    } else {
+      provider_.deallocate(reinterpret_cast<void*>(s->base), s->size);
+    }
+  }
+}
+
+size_t CachingAllocator::round(size_t n) const {
+  return n == 0 ? config_.round_bytes : round_up(n, config_.round_bytes);
+}
+
+CachingAllocator::Block* CachingAllocator::new_block() {
+  if (!spare_blocks_.empty()) {
+    Block* b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    return b;
+  }
+  return &block_store_.emplace_back();
+}
+
+void CachingAllocator::delete_block(Block* b) {
+  b->uses.clear();
+  *b = Block{};
+  spare_blocks_.push_back(b);
+}
+
+// ---- allocation -------------------------------------------------------------------------------------
+void* CachingAllocator::allocate(size_t nbytes, Device device) {
+  AF_ASSERT(device == provider_.device(), "allocator '{}' (for {}) asked for {} memory", name(),
+            provider_.device().str(), device.str());
+  return allocate_on(nbytes, t_stream);
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t, Device) noexcept { free(ptr); }
+
+void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Larger than the whole device (or than any memory): fail at once, without emptying the cache for nothing.
+  if (nbytes > kMaxRequest || (capacity_ != 0 && round(nbytes) > capacity_)) {
+    ++stats_.num_ooms;
+    std::string report = oom_report_locked(nbytes, stream);
+    lock.unlock();
+    AF_THROW(OutOfMemory, "{}", report);
+  }
+  if (!pending_.empty()) process_events(false);
+  const size_t size = round(nbytes);
+  const int64_t calls_before = stats_.provider_calls;
+  Block* b = try_allocate(size, stream);
+  if (b == nullptr) {
+    ++stats_.num_retries;
+    process_events(true);
+    release_cached();
+    b = try_allocate(size, stream);
+  }
+  if (b == nullptr) {
+    ++stats_.num_ooms;
+    std::string report = oom_report_locked(nbytes, stream);
+    lock.unlock();
+    AF_THROW(OutOfMemory, "{}", report);
+  }
+  b->allocated = true;
+  b->requested = nbytes;
+  b->id = next_id_++;
+  live_.emplace(b->addr, b);
+  ++stats_.num_allocs;
+  stats_.requested.add(static_cast<int64_t>(nbytes));
+  stats_.allocated.add(static_cast<int64_t>(b->size));
+  stats_.active.add(static_cast<int64_t>(b->size));
+  if (stats_.provider_calls == calls_before) {
+    ++stats_.cache_hits;
+  } else if (stats_.reserved.current == stats_.reserved.peak) {
+    stats_.fragmentation_at_peak = fragmentation_locked();
+  }
+  step_peak_allocated_ = std::max(step_peak_allocated_, stats_.allocated.current);
+  step_peak_reserved_ = std::max(step_peak_reserved_, stats_.reserved.current);
+  if (trace_ != nullptr) trace_alloc(b);
+  return reinterpret_cast<void*>(b->addr);
+}
+
+CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId stream) {
+  const bool small = size <= config_.small_max;
+  Block* b = config_.cache ? find_free(small, stream, size) : nullptr;
+  if (b != nullptr) {
+    pool(small).erase(b);
+  } else {
+    b = expandable_ ? new_expandable_range(size, small, stream) : new_plain_segment(size, small, stream);
+    if (b == nullptr) return nullptr;
+  }
+  split(b, size);
+  if (expandable_ && !map_block(b, stream)) {
+    free_block(b);
+    return nullptr;
+  }
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::find_free(bool small, StreamId stream, size_t size) {
+  FreeSet& set = pool(small);
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = set.lower_bound(&key);
+  if (it == set.end() || (*it)->stream != stream) return nullptr;
+  Block* b = *it;
+  if (expandable_) {
+    // Among the few best-fitting blocks, take the one that needs the fewest granules mapped: address space
+    // is plentiful, map/unmap calls are not (each is a driver call on a GPU). A fully mapped best fit, the
+    // usual cache hit, is taken at once.
+    constexpr int kCandidates = 8;
+    Block* best = nullptr;
+    size_t best_need = SIZE_MAX;
+    for (int n = 0; n < kCandidates && it != set.end() && (*it)->stream == stream; ++n, ++it) {
+      Block* c = *it;
+      const Segment& s = *c->segment;
+      const size_t first = (c->addr - s.base) / granule_, last = (c->addr + size - 1 - s.base) / granule_;
+      size_t need = 0;
+      for (size_t i = first; i <= last && need < best_need; ++i) need += !s.granules[i].mapped;
+      if (need < best_need) {
+        best = c;
+        best_need = need;
+        if (need == 0) break;
+      }
+    }
+    return best;
+  }
+  if (config_.max_split_size != SIZE_MAX) {
+    // b is the smallest block that fits. Oversize blocks (never split) serve only oversize requests,
+    // and only when they waste at most 1/8 of the request.
+    if (size <= config_.max_split_size && b->size > config_.max_split_size) return nullptr;
+    if (size > config_.max_split_size && b->size - size > size / 8) return nullptr;
+  }
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_plain_segment(size_t size, bool small, StreamId stream) {
+  size_t seg_size;
+  if (config_.exact_segments) seg_size = size;
+  else if (small) seg_size = config_.small_segment;
+  else if (size < config_.medium_max) seg_size = config_.medium_segment;
+  else seg_size = round_up(size, config_.large_round);
+  ++stats_.provider_calls;
+  void* p = provider_.allocate(seg_size);
+  if (p == nullptr) return nullptr;
+  stats_.reserved.add(static_cast<int64_t>(seg_size));
+  auto seg = std::make_unique<Segment>();
+  seg->base = reinterpret_cast<uintptr_t>(p);
+  seg->size = seg_size;
+  seg->small = small;
+  seg->stream = stream;
+  seg->index = segments_.size();
+  Block* b = new_block();
+  b->addr = seg->base;
+  b->size = seg_size;
+  b->segment = seg.get();
+  b->stream = stream;
+  seg->first = b;
+  segments_.push_back(std::move(seg));
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_expandable_range(size_t size, bool small, StreamId stream) {
+  const size_t need = round_up(size, granule_);
+  size_t bytes = std::max(range_bytes_, need);
+  void* p = nullptr;
+  // Reserving can fail when the address space is tight (sanitizers, 32-bit limits): halve down to the need.
+  while (true) {
+    ++stats_.provider_calls;
+    p = provider_.reserve(bytes);
+    if (p != nullptr || bytes == need) break;
+    bytes = std::max(need, round_up(bytes / 2, granule_));
+  }
+  if (p == nullptr) return nullptr;
+  auto seg = std::make_unique<Segment>();
+  seg->base = reinterpret_cast<uintptr_t>(p);
+  seg->size = bytes;
+  seg->small = small;
+  seg->expandable = true;
+  seg->stream = stream;
+  seg->granules.resize(bytes / granule_);
+  seg->index = segments_.size();
+  Block* b = new_block();
+  b->addr = seg->base;
+  b->size = bytes;
+  b->segment = seg.get();
+  b->stream = stream;
+  seg->first = b;
+  segments_.push_back(std::move(seg));
+  return b;
+}
+
+void CachingAllocator::split(Block* b, size_t size) {
+  const size_t remaining = b->size - size;
+  bool do_split;
+  if (!config_.cache) do_split = false;
+  else if (expandable_ || b->segment->small) do_split = remaining >= config_.round_bytes;
+  else do_split = remaining > config_.small_max && b->size <= config_.max_split_size;
+  if (!do_split) return;
+  Block* r = new_block();
+  r->addr = b->addr + size;
+  r->size = remaining;
+  r->segment = b->segment;
+  r->stream = b->stream;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next != nullptr) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  pool(b->segment->small).insert(r);
+}
+
+// ---- expandable segments: granules ------------------------------------------------------------------
+bool CachingAllocator::map_block(Block* b, StreamId stream) {
+  Segment& s = *b->segment;
+  const size_t first = (b->addr - s.base) / granule_;
+  const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+  for (size_t i = first; i <= last; ++i) {
+    Granule& g = s.granules[i];
+    if (g.live == 0) {
+      if (g.mapped) {
+        remove_idle(s, i);
+      } else if (!acquire_granule(s, i, stream)) {
+        for (size_t j = first; j < i; ++j)
+          if (--s.granules[j].live == 0) make_idle(s, j);
+        return false;
+      }
+    }
+    ++g.live;
+  }
+  return true;
+}
+
+void CachingAllocator::unmap_block_refs(Block* b) {
+  Segment& s = *b->segment;
+  const size_t first = (b->addr - s.base) / granule_;
+  const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+  for (size_t i = first; i <= last; ++i)
+    if (--s.granules[i].live == 0) make_idle(s, i);
+}
+
+bool CachingAllocator::acquire_granule(Segment& s, size_t index, StreamId stream) {
+  Granule& g = s.granules[index];
+  uint64_t handle;
+  if (!idle_.empty()) {
+    // Move an idle granule here. Prefer one of the same stream among the most recently idled (no wait).
+    size_t pick = idle_.size() - 1;
+    for (size_t k = idle_.size(), n = 0; k-- > 0 && n < 8; ++n)
+      if (idle_[k].segment->stream == stream) {
+        pick = k;
+        break;
+      }
+    const IdleRef ref = idle_[pick];
+    Segment& os = *ref.segment;
+    remove_idle(os, ref.index);
+    if (os.stream != stream) {
+      // Work queued on the old stream may still touch this memory: wait for it before another stream uses it.
+      const uint64_t t = events_->record(os.stream);
+      events_->synchronize(t);
+      events_->release(t);
+    }
+    Granule& og = os.granules[ref.index];
+    ++stats_.provider_calls;
+    provider_.unmap(reinterpret_cast<void*>(granule_addr(os, ref.index)));
+    og.mapped = false;
+    --os.mapped;
+    handle = og.handle;
+  } else {
+    ++stats_.provider_calls;
+    auto h = provider_.create_physical();
+    if (!h) return false;
+    handle = *h;
+    stats_.reserved.add(static_cast<int64_t>(granule_));
+  }
+  ++stats_.provider_calls;
+  provider_.map(reinterpret_cast<void*>(granule_addr(s, index)), handle);
+  g.handle = handle;
+  g.mapped = true;
+  ++s.mapped;
+  return true;
+}
+
+void CachingAllocator::make_idle(Segment& s, size_t index) {
+  s.granules[index].idle_pos = idle_.size();
+  idle_.push_back({&s, index});
+}
+
+void CachingAllocator::remove_idle(Segment& s, size_t index) {
+  const size_t pos = s.granules[index].idle_pos;
+  const IdleRef last = idle_.back();
+  idle_[pos] = last;
+  last.segment->granules[last.index].idle_pos = pos;
+  idle_.pop_back();
+  s.granules[index].idle_pos = SIZE_MAX;
+}
+
+// ---- free -------------------------------------------------------------------------------------------
+void CachingAllocator::free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == live_.end()) {
+    log(LogLevel::Error, "allocator '{}': free of {} which it did not allocate (ignored; this is a bug)", name(),
+        ptr);
+    return;
+  }
+  Block* b = it->second;
+  live_.erase(it);
+  ++stats_.num_frees;
+  stats_.requested.sub(static_cast<int64_t>(b->requested));
+  stats_.allocated.sub(static_cast<int64_t>(b->size));
+  b->allocated = false;
+  if (trace_ != nullptr && b->traced) std::fprintf(trace_, "f %llu\n", static_cast<unsigned long long>(b->id));
+  if (!b->uses.empty()) {
+    try {
+      Pending p{b, {}};
+      for (StreamId s : b->uses) p.tokens.push_back(events_->record(s));
+      b->pending = true;
+      pending_.push_back(std::move(p));
+      return;
+    } catch (const std::exception& e) {
+      // Without an event we cannot know when the other stream is done: wait for everything instead.
+      log(LogLevel::Warn, "allocator '{}': could not record a stream event ({}); falling back to waiting",
+          name(), e.what());
+    }
+  }
+  finish_free(b);
+}
+
+void CachingAllocator::finish_free(Block* b) {
+  stats_.active.sub(static_cast<int64_t>(b->size));
+  b->pending = false;
+  b->uses.clear();
+  if (!config_.cache) {
+    release_segment(b->segment);
+    return;
+  }
+  if (b->segment->expandable) unmap_block_refs(b);
+  free_block(b);
+}
+
+void CachingAllocator::free_block(Block* b) {
+  b->allocated = false;
+  FreeSet& set = pool(b->segment->small);
+  if (Block* p = b->prev; p != nullptr && !p->allocated && !p->pending) {
+    set.erase(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) b->next->prev = p;
+    delete_block(b);
+    b = p;
+  }
+  if (Block* n = b->next; n != nullptr && !n->allocated && !n->pending) {
+    set.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    delete_block(n);
+  }
+  set.insert(b);
+}
+
+void CachingAllocator::process_events(bool wait) {
+  for (size_t i = 0; i < pending_.size();) {
+    bool done = true;
+    for (uint64_t t : pending_[i].tokens) {
+      if (wait) {
+        events_->synchronize(t);
+      } else if (!events_->query(t)) {
+        done = false;
+        break;
+      }
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    for (uint64_t t : pending_[i].tokens) events_->release(t);
+    Block* b = pending_[i].block;
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    finish_free(b);
+  }
+}
+
+void CachingAllocator::record_stream(void* ptr, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  AF_CHECK(it != live_.end(), "record_stream: {} is not a live allocation of allocator '{}'", ptr, name());
+  Block* b = it->second;
+  if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
+    b->uses.push_back(stream);
+}
+
+// ---- giving memory back -----------------------------------------------------------------------------
+void CachingAllocator::release_segment(Segment* s) {
+  for (Block* b = s->first; b != nullptr;) {
+    Block* next = b->next;
+    if (!b->allocated && !b->pending && config_.cache) pool(s->small).erase(b);
+    delete_block(b);
+    b = next;
+  }
+  if (s->expandable) {
+    for (size_t i = 0; i < s->granules.size(); ++i) {
+      Granule& g = s->granules[i];
+      if (!g.mapped) continue;
+      if (g.idle_pos != SIZE_MAX) remove_idle(*s, i);
+      stats_.provider_calls += 2;
+      provider_.unmap(reinterpret_cast<void*>(granule_addr(*s, i)));
+      provider_.release_physical(g.handle);
+      stats_.reserved.sub(static_cast<int64_t>(granule_));
+    }
+    ++stats_.provider_calls;
+    provider_.unreserve(reinterpret_cast<void*>(s->base), s->size);
+  } else {
+    ++stats_.provider_calls;
+    provider_.deallocate(reinterpret_cast<void*>(s->base), s->size);
+    stats_.reserved.sub(static_cast<int64_t>(s->size));
+  }
+  const size_t idx = s->index;
+  segments_[idx] = std::move(segments_.back());
+  segments_[idx]->index = idx;
+  segments_.pop_back();  // destroys *s (the moved-from slot held it when idx was the last)
+}
+
+void CachingAllocator::release_cached() {
+  // Idle granules: unmap and release; they stop counting as reserved.
+  while (!idle_.empty()) {
+    const IdleRef ref = idle_.back();
+    Segment& s = *ref.segment;
+    Granule& g = s.granules[ref.index];
+    remove_idle(s, ref.index);
+    stats_.provider_calls += 2;
+    provider_.unmap(reinterpret_cast<void*>(granule_addr(s, ref.index)));
+    provider_.release_physical(g.handle);
+    g.mapped = false;
+    --s.mapped;
+    stats_.reserved.sub(static_cast<int64_t>(granule_));
+  }
+  // Segments (plain or expandable) that hold nothing at all.
+  for (size_t i = segments_.size(); i-- > 0;) {
+    Segment* s = segments_[i].get();
+    Block* b = s->first;
+    if (b->next == nullptr && !b->allocated && !b->pending && s->mapped == 0) release_segment(s);
+  }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  process_events(false);
+  release_cached();
+}
+
+// ---- figures ----------------------------------------------------------------------------------------
+int64_t CachingAllocator::largest_free_block_locked() const {
+  size_t best = 0;
+  const size_t idle_bytes = idle_.size() * granule_;
+  for (const FreeSet* set : {&small_free_, &large_free_}) {
+    for (const Block* b : *set) {
+      const Segment& s = *b->segment;
+      if (!s.expandable) {
+        best = std::max(best, b->size);
+        continue;
+      }
+      // What this free range can hold without new physical memory: its bytes inside granules that live
+      // neighbours keep mapped (at most the two edge granules), plus as many idle granules as fit.
+      const size_t first = (b->addr - s.base) / granule_;
+      const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+      const uintptr_t end = b->addr + b->size;
+      size_t edge = 0;
+      if (s.granules[first].live > 0) edge += std::min(end, granule_addr(s, first + 1)) - b->addr;
+      if (last != first && s.granules[last].live > 0) edge += end - granule_addr(s, last);
+      best = std::max(best, edge + std::min(b->size - edge, idle_bytes));
+    }
+  }
+  return static_cast<int64_t>(best);
+}
+
+double CachingAllocator::fragmentation_locked() const {
+  const int64_t reserved_free = stats_.reserved.current - stats_.active.current;
+  if (reserved_free <= 0) return 0.0;
+  const double f = 1.0 - static_cast<double>(largest_free_block_locked()) / static_cast<double>(reserved_free);
+  return std::clamp(f, 0.0, 1.0);
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  AllocatorStats s = stats_;
+  s.largest_free_block = largest_free_block_locked();
+  s.fragmentation = fragmentation_locked();
+  return s;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (StatCounter* c : {&stats_.requested, &stats_.allocated, &stats_.active, &stats_.reserved}) c->reset_peak();
+  stats_.fragmentation_at_peak = fragmentation_locked();
+}
+
+// ---- timeline and trace -----------------------------------------------------------------------------
+void CachingAllocator::step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_.push_back({step_, stats_.allocated.current, stats_.reserved.current,
+                       std::max(step_peak_allocated_, stats_.allocated.current),
+                       std::max(step_peak_reserved_, stats_.reserved.current)});
+  ++step_;
+  step_peak_allocated_ = stats_.allocated.current;
+  step_peak_reserved_ = stats_.reserved.current;
+  if (trace_ != nullptr) std::fputs("s\n", trace_);
+}
+
+void CachingAllocator::trace_start(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  AF_CHECK(trace_ == nullptr, "allocator '{}' is already recording a trace; call trace_stop() first", name());
+  trace_ = std::fopen(path.c_str(), "w");
+  if (trace_ == nullptr) AF_THROW(Io, "cannot write the memory trace '{}': {}", path, std::strerror(errno));
+  std::fprintf(trace_, "# ampforge-memtrace v1\n# recorded by the '%s' allocator on %s (provider %s)\n", name(),
+               provider_.device().str().c_str(), provider_.name());
+  trace_streams_.clear();
+}
+
+void CachingAllocator::trace_stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (trace_ == nullptr) return;
+  const bool bad = std::ferror(trace_) != 0;
+  const bool close_failed = std::fclose(trace_) != 0;
+  trace_ = nullptr;
+  if (bad || close_failed) AF_THROW(Io, "writing the memory trace failed (disk full?)");
+}
+
+uint64_t CachingAllocator::trace_stream(StreamId s) {
+  // Traces number streams densely in order of first use; the default stream is 0.
+  if (s == kDefaultStream) return 0;
+  for (size_t i = 0; i < trace_streams_.size(); ++i)
+    if (trace_streams_[i] == s) return i + 1;
+  trace_streams_.push_back(s);
+  return trace_streams_.size();
+}
+
+void CachingAllocator::trace_alloc(const Block* b) {
+  const_cast<Block*>(b)->traced = true;
+  std::fprintf(trace_, "a %llu %llu %llu\n", static_cast<unsigned long long>(b->id),
+               static_cast<unsigned long long>(b->requested), static_cast<unsigned long long>(trace_stream(b->stream)));
+}
+
+// ---- snapshot ---------------------------------------------------------------------------------------
+nlohmann::json CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  AllocatorStats st = stats_;
+  st.largest_free_block = largest_free_block_locked();
+  st.fragmentation = fragmentation_locked();
+  nlohmann::json segs = nlohmann::json::array();
+  std::vector<const Segment*> order;
+  for (const auto& s : segments_) order.push_back(s.get());
+  std::sort(order.begin(), order.end(), [](const Segment* a, const Segment* b) { return a->base < b->base; });
+  for (const Segment* s : order) {
+    nlohmann::json blocks = nlohmann::json::array();
+    // An expandable range is mostly untouched address space: describe it up to the end of its last
+    // mapped granule or used block.
+    size_t extent = s->expandable ? 0 : s->size;
+    for (const Block* b = s->first; b != nullptr; b = b->next) {
+      const char* state = b->allocated ? "allocated" : b->pending ? "pending" : "free";
+      if (b->allocated || b->pending) extent = std::max(extent, b->addr + b->size - s->base);
+      blocks.push_back({{"offset", b->addr - s->base},
+                        {"size", b->size},
+                        {"requested", b->allocated || b->pending ? b->requested : 0},
+                        {"state", state},
+                        {"id", b->allocated || b->pending ? b->id : 0}});
+    }
+    nlohmann::json mapped = nlohmann::json::array();
+    if (s->expandable) {
+      for (size_t i = 0; i < s->granules.size();) {
+        if (!s->granules[i].mapped) {
+          ++i;
+          continue;
+        }
+        size_t j = i;
+        while (j < s->granules.size() && s->granules[j].mapped) ++j;
+        mapped.push_back({i * granule_, (j - i) * granule_});
+        extent = std::max(extent, j * granule_);
+        i = j;
+      }
+    }
+    segs.push_back({{"address", s->base},
+                    {"size", s->size},
+                    {"extent", extent},
+                    {"pool", s->small ? "small" : "large"},
+                    {"stream", s->stream},
+                    {"expandable", s->expandable},
+                    {"mapped_bytes", s->expandable ? s->mapped * granule_ : s->size},
+                    {"mapped", mapped},
+                    {"blocks", blocks}});
+  }
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const TimelinePoint& p : timeline_)
+    timeline.push_back({{"step", p.step},
+                        {"allocated", p.allocated},
+                        {"reserved", p.reserved},
+                        {"peak_allocated", p.peak_allocated},
+                        {"peak_reserved", p.peak_reserved}});
+  return {{"format", "ampforge-memory-snapshot v1"},
+          {"policy", config_.name},
+          {"provider", provider_.name()},
+          {"device", provider_.device().str()},
+          {"granularity", granule_},
+          {"capacity", provider_.capacity()},
+          {"expandable_segments", expandable_},
+          {"stats", stats_to_json(st)},
+          {"segments", segs},
+          {"timeline", timeline}};
+}
+
+void CachingAllocator::write_snapshot(const std::string& path) const {
+  const std::string text = snapshot().dump(1) + "\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) AF_THROW(Io, "cannot write the memory snapshot '{}': {}", path, std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) AF_THROW(Io, "writing the memory snapshot '{}' failed (disk full?)", path);
+}
+
+// ---- OOM report -------------------------------------------------------------------------------------
+std::string CachingAllocator::oom_report(size_t nbytes, StreamId stream) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return oom_report_locked(nbytes, stream);
+}
+
+std::string CachingAllocator::oom_report_locked(size_t nbytes, StreamId stream) const {
+  const auto b = [](int64_t n) { return format_bytes(n); };
+  const int64_t req = static_cast<int64_t>(std::min(nbytes, kMaxRequest));
+  const int64_t rounded = nbytes > kMaxRequest ? req : static_cast<int64_t>(round(nbytes));
+  const int64_t allocated = stats_.allocated.current, reserved = stats_.reserved.current;
+  const int64_t reserved_free = std::max<int64_t>(0, reserved - stats_.active.current);
+  const int64_t largest = largest_free_block_locked();
+  const double frag = fragmentation_locked();
+  const int64_t cap = static_cast<int64_t>(provider_.capacity());
+  std::string r;
+  if (nbytes > kMaxRequest) {
+    r += fmt::format("out of memory: a request of {} bytes is larger than any memory (over 1 EiB); it is probably "
+                     "a size computed from garbage\n",
+                     nbytes);
+  } else {
+    r += fmt::format("out of memory: could not allocate {} ({} bytes; {} after rounding) on {}, stream {}, with the "
+                     "'{}' allocator\n",
+                     b(req), nbytes, b(rounded), provider_.device().str(), stream, config_.name);
+  }
+  r += fmt::format("  provider            {}{}\n", provider_.name(),
+                   cap > 0 ? fmt::format(", capacity {}", b(cap)) : std::string(", capacity unknown"));
+  r += fmt::format("  allocated           {}  (live blocks; callers asked for {})\n", b(allocated),
+                   b(stats_.requested.current));
+  r += fmt::format("  reserved            {}  (physically backed memory held by the allocator)\n", b(reserved));
+  r += fmt::format("  reserved but free   {}\n", b(reserved_free));
+  r += fmt::format("  largest free block  {}  (the largest request that fits without new memory)\n", b(largest));
+  r += fmt::format("  fragmentation       {:.1f}%  (1 - largest free block / reserved but free)\n", 100 * frag);
+  // The biggest live allocations: usually the tensors to look at first.
+  std::vector<const Block*> live;
+  live.reserve(live_.size());
+  for (const auto& kv : live_) live.push_back(kv.second);
+  const size_t top = std::min<size_t>(5, live.size());
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(top), live.end(),
+                    [](const Block* x, const Block* y) { return x->requested > y->requested; });
+  if (top > 0) {
+    r += fmt::format("  largest live allocations ({} live in total):\n", live.size());
+    for (size_t i = 0; i < top; ++i)
+      r += fmt::format("    {:>12}  allocation #{} on stream {}\n", b(static_cast<int64_t>(live[i]->requested)),
+                       live[i]->id, live[i]->stream);
+  }
+  r += "  what to try:\n";
+  if (cap > 0 && req > cap) {
+    r += fmt::format("    - this one request is larger than the whole device ({}): no allocator setting can fit it; "
+                     "split the tensor (smaller batch or sequence length)\n",
+                     b(cap));
+  }
+  const int64_t available = largest + (cap > 0 ? std::max<int64_t>(0, cap - reserved) : 0);
+  if (cap > 0 && rounded > available && allocated > 0) {
+    const int64_t short_by = rounded - available;
+    r += fmt::format("    - reduce the batch size: {} more is needed; activations grow linearly with the batch, so "
+                     "a batch about {:.0f}% smaller frees roughly that much if activations dominate\n",
+                     b(short_by), std::min(100.0, 100.0 * static_cast<double>(short_by) / static_cast<double>(allocated)));
+  } else {
+    r += "    - reduce the batch size (activation memory grows linearly with it)\n";
+  }
+  r += "    - train in mixed precision (bf16 or fp16 autocast): activations and their gradients take half the "
+       "memory of fp32\n";
+  r += "    - use activation checkpointing: keep only some layers' activations and recompute the rest in backward\n";
+  if (!expandable_ && frag > 0.2 && reserved_free >= rounded) {
+    r += fmt::format("    - fragmentation: {} is free inside the cache but the largest piece is {}; use expandable "
+                     "segments (the ampforge policy), which moves free memory to where it is needed\n",
+                     b(reserved_free), b(largest));
+  } else if (!expandable_) {
+    r += "    - use expandable segments (the ampforge policy) to keep reserved memory close to what is live\n";
+  }
+  r += "    - free tensors you no longer need (drop every reference): after this error the program can free memory "
+       "and continue\n";
+  return r;
+}
+
+}  // namespace ampforge::memory

@@ -1,0 +1,245 @@
+// CachingAllocator: the caching policy. Device-agnostic: it takes segments (or virtual ranges and
+// physical granules) from a Provider and carves blocks out of them. docs/MEMORY.md explains the policy
+// and defines every figure it reports.
+//
+// Rules, in order of an allocation:
+//   1. Round the request up to a multiple of 512 bytes (0 becomes 512). Rounded sizes <= 1 MiB go to the
+//      small pool, the rest to the large pool. Pools are further keyed by stream.
+//   2. Best fit: the smallest free block of the pool and stream that is large enough (ties: lowest
+//      address). With plain segments, blocks larger than max_split_size are never split: they serve only
+//      requests larger than max_split_size that waste at most 1/8 of the block.
+//   3. No fit: new memory from the provider.
+//        plain segments      a segment of: 2 MiB (small pool), 20 MiB (requests under 10 MiB), or the
+//                            request rounded up to 2 MiB (config; the naive preset asks for exactly the
+//                            request and never caches);
+//        expandable segments one large virtual range per (pool, stream); blocks are carved from its
+//                            address space and only granules touched by live blocks need physical memory.
+//   4. Split the block when the remainder is worth keeping (small pool: >= 512 bytes; large pool: > 1 MiB;
+//      expandable segments: >= 512 bytes).
+//   5. Expandable: map every granule the block touches. A granule that is already mapped is reused; else
+//      an idle granule (mapped, touched by no live block) is unmapped from its old address and mapped here;
+//      only when there is none is a new physical granule created. So reserved grows only when every granule
+//      held is in use, and peak reserved stays close to peak live.
+//   6. Out of memory: wait for pending cross-stream frees, give cached memory back to the provider, retry
+//      once; then raise Error(OutOfMemory) whose message is the OOM report. The allocator stays usable.
+// Frees coalesce with free neighbours. A block used on another stream (record_stream) is reused only when
+// that stream's work queued before the free has finished (StreamEvents).
+//
+// Thread safety: every public member takes one mutex; the cache-hit path is a few set/map operations.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/core/allocator.h"
+#include "ampforge/memory/provider.h"
+#include "ampforge/memory/stats.h"
+
+namespace ampforge::memory {
+
+struct PolicyConfig {
+  std::string name = "ampforge";
+  bool cache = true;                // false: every allocation is a provider call, every free gives it back
+  bool expandable_segments = true;  // used when the provider supports virtual memory
+  bool exact_segments = false;      // plain segments of exactly the rounded request (naive)
+  size_t round_bytes = 512;
+  size_t small_max = size_t{1} << 20;        // rounded requests up to this go to the small pool
+  size_t small_segment = size_t{2} << 20;    // plain segment size of the small pool
+  size_t medium_max = size_t{10} << 20;      // large requests below this come from medium segments
+  size_t medium_segment = size_t{20} << 20;  // plain segment size for those
+  size_t large_round = size_t{2} << 20;      // larger requests: a segment of the request rounded to this
+  size_t max_split_size = SIZE_MAX;          // plain segments: blocks larger than this are never split
+  size_t virtual_range = 0;                  // bytes of address space per expandable range; 0: automatic
+
+  // The three policies of `ampforge memory replay`.
+  static PolicyConfig ampforge();  // expandable segments with granule reuse
+  static PolicyConfig pytorch();   // PyTorch's documented caching rules, no expandable segments
+  static PolicyConfig naive();     // no cache: a provider call per allocation and per free
+  // By name: "ampforge", "pytorch", "naive"; anything else is an InvalidArgument error.
+  static PolicyConfig by_name(const std::string& name);
+};
+
+// The stream that Allocator::allocate() (no stream parameter) uses on this thread; 0 by default.
+StreamId current_stream();
+class StreamGuard {
+ public:
+  explicit StreamGuard(StreamId s);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  StreamId previous_;
+};
+
+// One entry of the per-step timeline (step() appends one).
+struct TimelinePoint {
+  int64_t step = 0;
+  int64_t allocated = 0;       // at the step boundary
+  int64_t reserved = 0;
+  int64_t peak_allocated = 0;  // highest since the previous boundary
+  int64_t peak_reserved = 0;
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  // `provider` and `events` are not owned and must outlive the allocator; events = nullptr means the host
+  // rule (one stream, synchronous).
+  CachingAllocator(Provider& provider, PolicyConfig config = PolicyConfig::ampforge(), StreamEvents* events = nullptr);
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // ---- Allocator interface (stream: current_stream()) ----------------------------------------------
+  void* allocate(size_t nbytes, Device device) override;
+  void deallocate(void* ptr, size_t nbytes, Device device) noexcept override;
+  const char* name() const override { return config_.name.c_str(); }
+
+  // ---- the policy's own interface ------------------------------------------------------------------
+  // Memory for `nbytes` on `stream`, aligned to 512 bytes. Throws Error(OutOfMemory) with the report.
+  void* allocate_on(size_t nbytes, StreamId stream);
+  // Frees a pointer from allocate()/allocate_on(). Unknown pointers are a bug (reported at debug level
+  // and ignored: this never throws).
+  void free(void* ptr) noexcept;
+  // Marks that `stream` uses the block of `ptr` (which belongs to another stream): after free, the block
+  // is reused only once the work queued on `stream` before the free has finished.
+  void record_stream(void* ptr, StreamId stream);
+  // Gives every cached (free) segment and idle granule back to the provider. Live blocks stay.
+  void empty_cache();
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+  // Snapshot of segments, blocks, stats and the timeline (see docs/MEMORY.md "Snapshots").
+  nlohmann::json snapshot() const;
+  void write_snapshot(const std::string& path) const;
+  // The OOM report for a request of `nbytes` as it would read now (also used in the error message).
+  std::string oom_report(size_t nbytes, StreamId stream) const;
+
+  // A step boundary: appends a timeline point and, when tracing, an `s` line.
+  void step();
+  const std::vector<TimelinePoint>& timeline() const { return timeline_; }
+  // Records every allocation and free to `path` in the memtrace v1 format until trace_stop().
+  // Allocations live at the start are not in the trace (their frees are omitted too).
+  void trace_start(const std::string& path);
+  void trace_stop();
+
+  const PolicyConfig& config() const { return config_; }
+  Provider& provider() const { return provider_; }
+  bool uses_expandable_segments() const { return expandable_; }
+
+ private:
+  struct Segment;
+  struct Block {
+    uintptr_t addr = 0;
+    size_t size = 0;
+    size_t requested = 0;
+    Segment* segment = nullptr;
+    Block* prev = nullptr;  // address neighbours inside the segment
+    Block* next = nullptr;
+    StreamId stream = 0;
+    uint64_t id = 0;  // allocation number (trace id)
+    bool allocated = false;
+    bool pending = false;     // freed, waiting for other streams' work
+    bool traced = false;      // allocated while a trace was being recorded
+    std::vector<StreamId> uses;  // other streams that used it (record_stream)
+  };
+  struct BlockLess {
+    bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return a->stream < b->stream;
+      if (a->size != b->size) return a->size < b->size;
+      return a->addr < b->addr;
+    }
+  };
+  using FreeSet = std::set<Block*, BlockLess>;
+  struct Granule {
+    uint64_t handle = 0;
+    uint32_t live = 0;  // live blocks touching it
+    bool mapped = false;
+    size_t idle_pos = SIZE_MAX;  // index in idle_ when mapped and live == 0
+  };
+  struct Segment {
+    uintptr_t base = 0;
+    size_t size = 0;  // plain: bytes; expandable: the whole address range
+    bool small = false;
+    bool expandable = false;
+    StreamId stream = 0;
+    Block* first = nullptr;
+    std::vector<Granule> granules;  // expandable only
+    size_t mapped = 0;              // mapped granules
+    size_t index = 0;               // position in segments_
+  };
+  struct IdleRef {
+    Segment* segment;
+    size_t index;
+  };
+  struct Pending {
+    Block* block;
+    std::vector<uint64_t> tokens;
+  };
+
+  size_t round(size_t n) const;
+  FreeSet& pool(bool small) { return small ? small_free_ : large_free_; }
+  Block* new_block();
+  void delete_block(Block* b);
+  Block* find_free(bool small, StreamId stream, size_t size);
+  Block* try_allocate(size_t size, StreamId stream);
+  Block* new_plain_segment(size_t size, bool small, StreamId stream);
+  Block* new_expandable_range(size_t size, bool small, StreamId stream);
+  void split(Block* b, size_t size);
+  bool map_block(Block* b, StreamId stream);
+  void unmap_block_refs(Block* b);
+  void take_granule(Segment& s, size_t index);
+  void make_idle(Segment& s, size_t index);
+  void remove_idle(Segment& s, size_t index);
+  void free_block(Block* b);
+  void finish_free(Block* b);
+  uintptr_t granule_addr(const Segment& s, size_t index) const { return s.base + index * granule_; }
+  bool acquire_granule(Segment& s, size_t index, StreamId stream);
+  void process_events(bool wait);
+  void release_cached();
+  void release_segment(Segment* s);
+  int64_t largest_free_block_locked() const;
+  double fragmentation_locked() const;
+  void note_peak_reserved();
+  void trace_alloc(const Block* b);
+  uint64_t trace_stream(StreamId s);
+  std::string oom_report_locked(size_t nbytes, StreamId stream) const;
+
+  Provider& provider_;
+  PolicyConfig config_;
+  HostStreamEvents host_events_;
+  StreamEvents* events_;
+  bool expandable_;
+  size_t granule_;
+  size_t range_bytes_;
+  size_t capacity_ = 0;  // the provider's, read once (0: unknown)
+  mutable std::mutex mu_;
+  FreeSet small_free_, large_free_;
+  std::unordered_map<uintptr_t, Block*> live_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  std::deque<Block> block_store_;
+  std::vector<Block*> spare_blocks_;
+  std::vector<IdleRef> idle_;
+  std::vector<Pending> pending_;
+  AllocatorStats stats_;
+  uint64_t next_id_ = 1;
+  // timeline
+  std::vector<TimelinePoint> timeline_;
+  int64_t step_ = 0;
+  int64_t step_peak_allocated_ = 0;
+  int64_t step_peak_reserved_ = 0;
+  // trace
+  std::FILE* trace_ = nullptr;
+  std::vector<StreamId> trace_streams_;
+};
+
+}  // namespace ampforge::memory

@@ -1,0 +1,198 @@
+#include "ampforge/memory/report.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "ampforge/memory/stats.h"
+#include "ampforge/util/error.h"
+
+namespace ampforge::memory {
+
+namespace {
+constexpr const char* kFormat = "ampforge-memory-snapshot v1";
+
+int64_t i64(const nlohmann::json& j, const char* key) { return j.at(key).get<int64_t>(); }
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+}  // namespace
+
+nlohmann::json snapshot_read(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) AF_THROW(Io, "cannot open the memory snapshot '{}': {}", path, std::strerror(errno));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    AF_THROW(InvalidArgument, "{}: not valid JSON: {}", path, e.what());
+  }
+  AF_CHECK(j.is_object() && j.value("format", "") == kFormat,
+           "{}: not an ampforge memory snapshot (expected \"format\": \"{}\")", path, kFormat);
+  for (const char* key : {"stats", "segments", "timeline"})
+    AF_CHECK(j.contains(key), "{}: the snapshot has no '{}' field", path, key);
+  return j;
+}
+
+std::string snapshot_summary(const nlohmann::json& snap) {
+  const auto& st = snap.at("stats");
+  auto counter = [&](const char* k) { return st.at(k); };
+  std::string r = fmt::format("memory snapshot: policy '{}', device {}, provider {}, granularity {}{}\n",
+                              snap.value("policy", "?"), snap.value("device", "?"), snap.value("provider", "?"),
+                              format_bytes(snap.value("granularity", int64_t{0})),
+                              snap.value("expandable_segments", false) ? ", expandable segments" : "");
+  for (const char* k : {"requested_bytes", "allocated_bytes", "active_bytes", "reserved_bytes"}) {
+    const auto& c = counter(k);
+    r += fmt::format("  {:<16} now {:>12}  peak {:>12}\n", k, format_bytes(i64(c, "current")),
+                     format_bytes(i64(c, "peak")));
+  }
+  r += fmt::format("  largest free block {}  fragmentation {:.1f}% (at peak reserved {:.1f}%)\n",
+                   format_bytes(i64(st, "largest_free_block")), 100 * st.at("fragmentation").get<double>(),
+                   100 * st.at("fragmentation_at_peak").get<double>());
+  r += fmt::format("  peak reserved / peak requested {:.3f}\n", st.at("peak_reserved_over_peak_requested").get<double>());
+  r += fmt::format("  allocations {}  frees {}  cache hits {}  provider calls {}  OOMs {}\n", i64(st, "num_allocs"),
+                   i64(st, "num_frees"), i64(st, "cache_hits"), i64(st, "provider_calls"), i64(st, "num_ooms"));
+  int64_t nblocks = 0, nalloc = 0, nfree = 0;
+  std::vector<int64_t> live;
+  for (const auto& s : snap.at("segments")) {
+    for (const auto& b : s.at("blocks")) {
+      ++nblocks;
+      if (b.at("state") == "allocated") {
+        ++nalloc;
+        live.push_back(i64(b, "requested"));
+      } else if (b.at("state") == "free") {
+        ++nfree;
+      }
+    }
+  }
+  r += fmt::format("  segments {}  blocks {} ({} allocated, {} free)\n", snap.at("segments").size(), nblocks, nalloc,
+                   nfree);
+  std::sort(live.begin(), live.end(), std::greater<>());
+  if (!live.empty()) {
+    r += "  largest live blocks:";
+    for (size_t i = 0; i < std::min<size_t>(5, live.size()); ++i) r += " " + format_bytes(live[i]);
+    r += "\n";
+  }
+  const auto& tl = snap.at("timeline");
+  if (!tl.empty()) {
+    size_t at = 0;
+    for (size_t i = 0; i < tl.size(); ++i)
+      if (i64(tl[i], "peak_reserved") > i64(tl[at], "peak_reserved")) at = i;
+    r += fmt::format("  timeline: {} steps; reserved peaked at step {} ({})\n", tl.size(), i64(tl[at], "step"),
+                     format_bytes(i64(tl[at], "peak_reserved")));
+  }
+  return r;
+}
+
+std::string snapshot_svg(const nlohmann::json& snap) {
+  const double W = 1000, left = 80, right = 20, plot_w = W - left - right;
+  const double tl_top = 40, tl_h = 240;
+  const auto& segs = snap.at("segments");
+  const size_t max_rows = 200;
+  const size_t rows = std::min(segs.size(), max_rows);
+  const double map_top = tl_top + tl_h + 70, row_h = 14;
+  const double H = map_top + static_cast<double>(rows) * (row_h + 4) + 40;
+  std::ostringstream o;
+  o << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
+                   "font-family=\"sans-serif\" font-size=\"11\">\n",
+                   W, H);
+  o << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  o << fmt::format("<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n", left,
+                   xml_escape(fmt::format("ampforge memory: policy '{}' on {}", snap.value("policy", "?"),
+                                          snap.value("device", "?"))));
+  // ---- timeline ----
+  const auto& tl = snap.at("timeline");
+  int64_t ymax = 1;
+  for (const auto& p : tl) ymax = std::max({ymax, i64(p, "peak_reserved"), i64(p, "peak_allocated")});
+  o << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", left,
+                   tl_top, plot_w, tl_h);
+  for (int k = 0; k <= 4; ++k) {
+    const double y = tl_top + tl_h - tl_h * k / 4.0;
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4, y + 4,
+                     xml_escape(format_bytes(ymax * k / 4)));
+  }
+  if (tl.empty()) {
+    o << fmt::format("<text x=\"{}\" y=\"{}\">no timeline (no step boundaries were recorded)</text>\n", left + 10,
+                     tl_top + 20);
+  } else {
+    const size_t n = tl.size();
+    auto line = [&](const char* key, const char* color, const char* dash) {
+      o << fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"{} points=\"", color, dash);
+      for (size_t i = 0; i < n; ++i) {
+        const double x = left + (n == 1 ? 0.0 : plot_w * static_cast<double>(i) / static_cast<double>(n - 1));
+        const double y = tl_top + tl_h - tl_h * static_cast<double>(i64(tl[i], key)) / static_cast<double>(ymax);
+        o << fmt::format("{:.1f},{:.1f} ", x, y);
+      }
+      o << "\"/>\n";
+    };
+    line("peak_reserved", "#e07b00", " stroke-dasharray=\"4 3\"");
+    line("reserved", "#e07b00", "");
+    line("peak_allocated", "#1f5fbf", " stroke-dasharray=\"4 3\"");
+    line("allocated", "#1f5fbf", "");
+    o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step (0 .. {})</text>\n", left + plot_w / 2,
+                     tl_top + tl_h + 16, i64(tl.back(), "step"));
+  }
+  o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#1f5fbf\">allocated (dashed: peak in step)</text>", left,
+                   tl_top + tl_h + 32);
+  o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"#e07b00\">reserved (dashed: peak in step)</text>\n", left + 260,
+                   tl_top + tl_h + 32);
+  // ---- segment map ----
+  o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"13\">segments ({}; blue allocated, grey free, yellow "
+                   "waiting for another stream; green line: mapped memory)</text>\n",
+                   left, map_top - 12, segs.size());
+  int64_t max_extent = 1;
+  for (size_t i = 0; i < rows; ++i) max_extent = std::max(max_extent, i64(segs[i], "extent"));
+  const double scale = plot_w / static_cast<double>(max_extent);
+  for (size_t i = 0; i < rows; ++i) {
+    const auto& s = segs[i];
+    const double y = map_top + static_cast<double>(i) * (row_h + 4);
+    const int64_t extent = i64(s, "extent");
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4, y + 10,
+                     xml_escape(fmt::format("{} {}", s.value("pool", "?"), format_bytes(extent))));
+    for (const auto& b : s.at("blocks")) {
+      const int64_t off = i64(b, "offset");
+      if (off >= extent) continue;
+      const int64_t size = std::min(i64(b, "size"), extent - off);
+      const std::string st = b.at("state").get<std::string>();
+      const char* fill = st == "allocated" ? "#1f5fbf" : st == "pending" ? "#e8c000" : "#dddddd";
+      o << fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
+                       "stroke-width=\"0.3\"/>\n",
+                       left + static_cast<double>(off) * scale, y, std::max(0.5, static_cast<double>(size) * scale),
+                       row_h - 3, fill);
+    }
+    for (const auto& m : s.at("mapped")) {
+      const double x0 = left + static_cast<double>(m.at(0).get<int64_t>()) * scale;
+      const double w = static_cast<double>(m.at(1).get<int64_t>()) * scale;
+      o << fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"2\" fill=\"#2a9d3a\"/>\n", x0,
+                       y + row_h - 2, std::max(0.5, w));
+    }
+  }
+  if (segs.size() > rows)
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\">... {} more segments not drawn</text>\n", left,
+                     map_top + static_cast<double>(rows) * (row_h + 4) + 14, segs.size() - rows);
+  o << "</svg>\n";
+  return o.str();
+}
+
+std::string snapshot_html(const nlohmann::json& snap) {
+  return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>ampforge memory report</title></head>\n"
+         "<body style=\"font-family:sans-serif\">\n<pre>" +
+         xml_escape(snapshot_summary(snap)) + "</pre>\n" + snapshot_svg(snap) + "</body></html>\n";
+}
+
+}  // namespace ampforge::memory

@@ -1,0 +1,124 @@
+#include "ampforge/nn/module.h"
+
+#include <set>
+
+#include "ampforge/autograd/node.h"
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::nn {
+
+Tensor Module::forward(const Tensor&) {
+  AF_THROW(InvalidArgument, "{} has no single-input forward()", type_name_);
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  AF_CHECK(t.defined(), "register_parameter: '{}' is undefined", name);
+  for (auto& p : params_) AF_ASSERT(p.first != name, "parameter '{}' registered twice in {}", name, type_name_);
+  t.requires_grad_(true);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  for (auto& p : buffers_) AF_ASSERT(p.first != name, "buffer '{}' registered twice in {}", name, type_name_);
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors& out) const {
+  for (auto& [n, t] : params ? params_ : buffers_) out.emplace_back(prefix + n, t);
+  for (auto& [n, m] : children_) m->collect(prefix + n + ".", params, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, out);
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out;
+  // PyTorch orders each module's parameters, then its buffers, then children; names are what matter.
+  std::function<void(const Module&, const std::string&)> rec = [&](const Module& m, const std::string& prefix) {
+    for (auto& [n, t] : m.params_) out.emplace_back(prefix + n, t);
+    for (auto& [n, t] : m.buffers_) out.emplace_back(prefix + n, t);
+    for (auto& [n, c] : m.children_) rec(*c, prefix + n + ".");
+  };
+  rec(*this, "");
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  NamedTensors mine = state_dict();
+  std::map<std::string, Tensor> given(state.begin(), state.end());
+  std::set<std::string> used;
+  autograd::NoGradGuard ng;
+  for (auto& [name, t] : mine) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      AF_CHECK(!strict, "load_state_dict: missing key '{}' (the checkpoint was saved from a different model?)", name);
+      continue;
+    }
+    AF_CHECK(it->second.shape() == t.shape(),
+             "load_state_dict: shape mismatch for '{}': the model has {}, the state has {} (the checkpoint was "
+             "saved from a different model configuration?)", name, t.shape().str(), it->second.shape().str());
+    ops::copy_(t, ops::to_device(it->second, t.device()));
+    used.insert(name);
+  }
+  if (strict) {
+    for (auto& [name, t] : state)
+      AF_CHECK(used.count(name), "load_state_dict: unexpected key '{}' (not in this {} model)", name, type_name_);
+  }
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& t : parameters()) n += t.numel();
+  return n;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+Module& Module::to(DType dtype, bool keep_f32_buffers) {
+  AF_CHECK(dtype_is_float(dtype), "Module::to: expected a floating dtype, got {}", dtype_name(dtype));
+  for (auto& t : parameters())
+    if (t.is_floating_point() && t.dtype() != dtype) t.set_data(ops::to_dtype(t.detach(), dtype));
+  if (!keep_f32_buffers)
+    for (auto& [n, t] : named_buffers())
+      if (t.is_floating_point() && t.dtype() != dtype) t.set_data(ops::to_dtype(t.detach(), dtype));
+  return *this;
+}
+
+Module& Module::to(Device device) {
+  for (auto& t : parameters())
+    if (t.device() != device) t.set_data(ops::to_device(t.detach(), device));
+  for (auto& [n, t] : named_buffers())
+    if (t.device() != device) t.set_data(ops::to_device(t.detach(), device));
+  return *this;
+}
+
+std::string Module::describe(int indent) const {
+  std::string pad(static_cast<size_t>(indent), ' ');
+  std::string s = type_name_ + "(" + extra_repr();
+  if (children_.empty()) return s + ")";
+  s += "\n";
+  for (auto& [n, m] : children_) s += pad + "  (" + n + "): " + m->describe(indent + 2) + "\n";
+  return s + pad + ")";
+}
+
+}  // namespace ampforge::nn

@@ -1,0 +1,75 @@
+#include "ampforge/optim/adamw.h"
+
+#include "ampforge/autograd/node.h"
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::optim {
+
+namespace {
+void validate(const AdamWOptions& o) {
+  AF_CHECK(o.lr >= 0, "AdamW: lr must be >= 0, got {}", o.lr);
+  AF_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas must be in [0, 1), got ({}, {})",
+           o.beta1, o.beta2);
+  AF_CHECK(o.eps >= 0, "AdamW: eps must be >= 0, got {}", o.eps);
+  AF_CHECK(o.weight_decay >= 0, "AdamW: weight_decay must be >= 0, got {}", o.weight_decay);
+}
+void validate(const SGDOptions& o) {
+  AF_CHECK(o.lr >= 0, "SGD: lr must be >= 0, got {}", o.lr);
+  AF_CHECK(o.momentum >= 0, "SGD: momentum must be >= 0, got {}", o.momentum);
+  AF_CHECK(o.weight_decay >= 0, "SGD: weight_decay must be >= 0, got {}", o.weight_decay);
+  AF_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD: Nesterov momentum requires momentum > 0 and "
+           "dampening = 0");
+}
+}  // namespace
+
+AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions opt) : AdamW(std::vector<ParamGroupSpec>{{params}}, opt) {}
+
+AdamW::AdamW(const std::vector<ParamGroupSpec>& groups, AdamWOptions opt)
+    : Optimizer(groups, opt.lr, opt.weight_decay), options(opt) {
+  validate(opt);
+  add_state("exp_avg");
+  add_state("exp_avg_sq");
+}
+
+void AdamW::step(const Tensor& found_inf) {
+  autograd::NoGradGuard ng;
+  // The step counter advances on the host only when the step is not skipped; with a device-resident
+  // found_inf the caller (GradScaler) tells us by passing it, and we read it once here. (The CUDA backend
+  // keeps the counter on the device instead; see its issue.)
+  const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    ParamGroup& g = groups_[i];
+    AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1};
+    if (g.master.defined()) {
+      ops::adamw_step_(g.master, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf, g.flat_params);
+    } else {
+      ops::adamw_step_(g.flat_params, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf);
+    }
+    if (!skipped) ++g.step;
+  }
+}
+
+SGD::SGD(const std::vector<Tensor>& params, SGDOptions opt) : SGD(std::vector<ParamGroupSpec>{{params}}, opt) {}
+
+SGD::SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions opt)
+    : Optimizer(groups, opt.lr, opt.weight_decay), options(opt) {
+  validate(opt);
+  if (opt.momentum > 0) add_state("momentum_buffer");
+}
+
+void SGD::step(const Tensor& found_inf) {
+  autograd::NoGradGuard ng;
+  const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    ParamGroup& g = groups_[i];
+    SgdAttrs at{g.lr, options.momentum, options.dampening, g.weight_decay, options.nesterov, g.step == 0};
+    Tensor buf = options.momentum > 0 ? state(i, "momentum_buffer") : Tensor();
+    if (g.master.defined())
+      ops::sgd_step_(g.master, g.flat_grads, buf, at, found_inf, g.flat_params);
+    else
+      ops::sgd_step_(g.flat_params, g.flat_grads, buf, at, found_inf);
+    if (!skipped) ++g.step;
+  }
+}
+
+}  // namespace ampforge::optim

@@ -1,0 +1,46 @@
+#include "ampforge/optim/lr_scheduler.h"
+
+#include <cmath>
+
+#include "ampforge/util/error.h"
+
+namespace ampforge::optim {
+
+Schedule schedule_from_string(const std::string& s) {
+  if (s == "constant" || s == "none") return Schedule::Constant;
+  if (s == "step") return Schedule::Step;
+  if (s == "cosine") return Schedule::Cosine;
+  AF_THROW(InvalidArgument, "unknown lr schedule '{}': expected constant, step or cosine", s);
+}
+
+LRScheduler::LRScheduler(Optimizer& opt, ScheduleOptions o) : opt_(opt), o_(o) {
+  AF_CHECK(o.kind != Schedule::Step || o.step_size > 0, "step schedule needs step_size > 0");
+  AF_CHECK(o.kind != Schedule::Cosine || o.total_steps > 0, "cosine schedule needs total_steps > 0");
+  AF_CHECK(o.warmup_steps >= 0, "warm-up steps must be >= 0");
+  for (auto& g : opt.param_groups()) base_.push_back(g.lr);
+}
+
+double LRScheduler::factor(int64_t step) const {
+  double f = 1.0;
+  switch (o_.kind) {
+    case Schedule::Constant: break;
+    case Schedule::Step: f = std::pow(o_.gamma, static_cast<double>(step / o_.step_size)); break;
+    case Schedule::Cosine: {
+      const double t = std::min<double>(static_cast<double>(step), static_cast<double>(o_.total_steps));
+      f = 0.5 * (1.0 + std::cos(M_PI * t / static_cast<double>(o_.total_steps)));
+      break;
+    }
+  }
+  if (o_.warmup_steps > 0 && step < o_.warmup_steps) f *= static_cast<double>(step + 1) / static_cast<double>(o_.warmup_steps);
+  return f;
+}
+
+void LRScheduler::apply(int64_t step) {
+  auto& groups = opt_.param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double f = factor(step);
+    groups[i].lr = o_.kind == Schedule::Cosine ? o_.min_lr + (base_[i] - o_.min_lr) * f : base_[i] * f;
+  }
+}
+
+}  // namespace ampforge::optim

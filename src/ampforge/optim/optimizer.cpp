@@ -1,0 +1,142 @@
+#include "ampforge/optim/optimizer.h"
+
+#include <atomic>
+#include <cmath>
+#include <set>
+
+#include "ampforge/autograd/node.h"
+#include "ampforge/ops/ops.h"
+
+namespace ampforge::optim {
+namespace {
+std::atomic<uint64_t> g_next_id{1};
+constexpr int64_t kAlign = 16;  // elements: each parameter starts on a 64-byte boundary in F32
+
+int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// A view of `flat` at `off` with the shape and memory format of `like`.
+Tensor view_into(const Tensor& flat, int64_t off, const Tensor& like) {
+  const MemoryFormat f = like.suggest_memory_format();
+  Strides st = f == MemoryFormat::ChannelsLast ? channels_last_strides(like.shape()) : contiguous_strides(like.shape());
+  return flat.as_strided_raw(like.shape(), st, flat.offset() + off);
+}
+}  // namespace
+
+Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr, double default_wd)
+    : id_(g_next_id.fetch_add(1)) {
+  AF_CHECK(!specs.empty(), "optimizer: got no parameter groups");
+  std::set<const TensorImpl*> seen;
+  autograd::NoGradGuard ng;
+  for (size_t gi = 0; gi < specs.size(); ++gi) {
+    const auto& spec = specs[gi];
+    AF_CHECK(!spec.params.empty(), "optimizer: parameter group {} is empty", gi);
+    ParamGroup g;
+    g.lr = spec.lr >= 0 ? spec.lr : default_lr;
+    g.weight_decay = spec.weight_decay >= 0 ? spec.weight_decay : default_wd;
+    AF_CHECK(g.lr >= 0, "optimizer: learning rate must be >= 0, got {}", g.lr);
+    const DType dt = spec.params[0].dtype();
+    const Device dev = spec.params[0].device();
+    int64_t total = 0;
+    for (const Tensor& p : spec.params) {
+      AF_CHECK(p.defined() && p.requires_grad() && p.is_leaf(),
+               "optimizer: every parameter must be a leaf tensor with requires_grad (group {})", gi);
+      AF_CHECK(seen.insert(p.impl()).second, "optimizer: a parameter appears in more than one group");
+      AF_CHECK(p.dtype() == dt && p.device() == dev,
+               "optimizer: all parameters of a group must share dtype and device; found {} on {} and {} on {}",
+               dtype_name(dt), dev.str(), dtype_name(p.dtype()), p.device().str());
+      AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
+      total += aligned(p.numel());
+    }
+    g.flat_params = ops::zeros({total}, dt, dev);
+    g.flat_grads = ops::zeros({total}, dt, dev);
+    int64_t off = 0;
+    for (const Tensor& p : spec.params) {
+      Tensor v = view_into(g.flat_params, off, p);
+      ops::copy_(v, p.detach());
+      p.set_data(v);
+      p.set_grad(view_into(g.flat_grads, off, p));
+      g.params.push_back(p);
+      off += aligned(p.numel());
+    }
+    if (dt != DType::F32) g.master = ops::to_dtype(g.flat_params, DType::F32);
+    groups_.push_back(std::move(g));
+    state_.emplace_back();
+  }
+}
+
+void Optimizer::add_state(const std::string& name) {
+  for (size_t i = 0; i < groups_.size(); ++i)
+    state_[i][name] = ops::zeros({groups_[i].flat_params.numel()}, DType::F32, groups_[i].flat_params.device());
+}
+
+Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_) {
+    ops::fill_(g.flat_grads, 0.0);
+    // Re-attach in case user code replaced a .grad (e.g. set it to a fresh tensor).
+    int64_t off = 0;
+    for (auto& p : g.params) {
+      Tensor cur = p.grad();
+      if (!cur.defined() || cur.storage() != g.flat_grads.storage()) p.set_grad(view_into(g.flat_grads, off, p));
+      off += aligned(p.numel());
+    }
+  }
+}
+
+std::vector<Tensor> Optimizer::grad_buffers() const {
+  std::vector<Tensor> out;
+  for (auto& g : groups_) out.push_back(g.flat_grads);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const std::string p = "group" + std::to_string(i) + ".";
+    for (auto& [n, t] : state_[i]) out.emplace_back(p + n, t);
+    if (groups_[i].master.defined()) out.emplace_back(p + "master", groups_[i].master);
+    out.emplace_back(p + "step", Tensor::from_vector<int64_t>({groups_[i].step}, Shape{}));
+    out.emplace_back(p + "lr", Tensor::from_vector<double>({groups_[i].lr}, Shape{}));
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& state) {
+  std::map<std::string, Tensor> m(state.begin(), state.end());
+  auto need = [&](const std::string& k) -> const Tensor& {
+    auto it = m.find(k);
+    AF_CHECK(it != m.end(), "optimizer state: missing entry '{}' (saved by a different optimizer?)", k);
+    return it->second;
+  };
+  autograd::NoGradGuard ng;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const std::string p = "group" + std::to_string(i) + ".";
+    for (auto& [n, t] : state_[i]) {
+      const Tensor& s = need(p + n);
+      AF_CHECK(s.numel() == t.numel(), "optimizer state '{}{}': {} elements, expected {} (different model?)", p, n,
+               s.numel(), t.numel());
+      ops::copy_(t, s.reshape(t.shape()));
+    }
+    if (groups_[i].master.defined()) ops::copy_(groups_[i].master, need(p + "master"));
+    groups_[i].step = static_cast<int64_t>(need(p + "step").item());
+    groups_[i].lr = need(p + "lr").item();
+  }
+}
+
+double clip_grad_norm_(Optimizer& opt, double max_norm) {
+  AF_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
+  autograd::NoGradGuard ng;
+  double sq = 0;
+  for (auto& g : opt.grad_buffers()) {
+    Tensor f = ops::to_dtype(g, DType::F32);
+    sq += ops::sum(ops::mul(f, f)).item();
+  }
+  const double norm = std::sqrt(sq);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (auto& g : opt.grad_buffers()) ops::mul_scalar_(g, coef);
+  return norm;
+}
+
+}  // namespace ampforge::optim

@@ -1,0 +1,84 @@
+// Optimizers over flat buffers. The constructor moves every parameter of a group into one contiguous
+// allocation (Tensor::set_data: the module's handles now view the flat buffer), gives each parameter a
+// gradient that is a view into one flat gradient buffer, and keeps optimizer state flat too. A step is
+// then one fused kernel per group, zero_grad one fill, and the gradient norm one reduction.
+//
+// Semantics differences from PyTorch, on purpose: gradients are never None — zero_grad() zeroes them in
+// place — so a parameter that received no gradient in a step is still updated with a zero gradient
+// (AdamW decays it and moves it by its momentum), where PyTorch would skip it.
+//
+// Master weights (Apex "O2"): when a group's parameters are F16/BF16, the optimizer keeps an F32 master
+// copy, updates it, and writes the rounded result back into the 16-bit parameters (optionally with
+// stochastic rounding for BF16: see AdamWOptions::stochastic_rounding).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampforge/core/tensor.h"
+
+namespace ampforge::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0;
+  // Flat storage (filled by the optimizer).
+  Tensor flat_params;  // parameter dtype: the module's parameters are views into it
+  Tensor flat_grads;   // parameter dtype: each parameter's .grad is a view into it
+  Tensor master;       // F32 copy when the parameters are 16-bit, else undefined
+  int64_t step = 0;    // completed (not skipped) steps of this group
+};
+
+// A group spec: parameters and per-group overrides (negative: use the optimizer default).
+struct ParamGroupSpec {
+  std::vector<Tensor> params;
+  double lr = -1;
+  double weight_decay = -1;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates parameters. found_inf: optional one-element F32 tensor on the parameters' device; non-zero
+  // skips the whole step on the device (GradScaler). Returns nothing: skipping is the kernel's decision.
+  virtual void step(const Tensor& found_inf = Tensor()) = 0;
+  void zero_grad();
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // Flat gradient buffers, one per group (GradScaler unscales these in one pass each).
+  std::vector<Tensor> grad_buffers() const;
+  // Steps taken (by group 0); used by schedulers and checkpoints.
+  int64_t steps() const { return groups_.empty() ? 0 : groups_[0].step; }
+
+  // Optimizer state (flat buffers and step counts), for checkpoints. Names: "group<i>.<buffer>".
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  void load_state_dict(const std::vector<std::pair<std::string, Tensor>>& state);
+  virtual const char* name() const = 0;
+  // Identity of this optimizer for the GradScaler's per-optimizer bookkeeping.
+  uint64_t id() const { return id_; }
+
+ protected:
+  Optimizer(const std::vector<ParamGroupSpec>& groups, double default_lr, double default_wd);
+  // Registers a flat state buffer (zero-initialised, F32) for every group under `name`.
+  void add_state(const std::string& name);
+  Tensor& state(size_t group, const std::string& name);
+
+  std::vector<ParamGroup> groups_;
+  std::vector<std::map<std::string, Tensor>> state_;
+
+ private:
+  uint64_t id_;
+};
+
+// Global L2 norm of all gradients; scales them by max_norm / (norm + 1e-6) when the norm exceeds
+// max_norm (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. One reduction per group.
+double clip_grad_norm_(Optimizer& opt, double max_norm);
+
+}  // namespace ampforge::optim

@@ -1,0 +1,71 @@
+#include "ampforge/train/checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/core/safetensors.h"
+#include "ampforge/util/build_info.h"
+
+namespace ampforge::train {
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
+                     const CheckpointInfo& info) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [n, t] : model.state_dict()) tensors.emplace_back("model." + n, t);
+  for (auto& [n, t] : opt.state_dict()) tensors.emplace_back("optim." + n, t);
+  nlohmann::json pos = {{"epoch", info.pos.epoch}, {"batch_in_epoch", info.pos.batch_in_epoch},
+                        {"global_step", info.pos.global_step}};
+  nlohmann::json rng = {{"seed", std::to_string(info.rng.seed)}, {"offset", std::to_string(info.rng.offset)}};
+  std::map<std::string, std::string> meta{{"format", kCheckpointFormat},
+                                          {"ampforge_version", AMPFORGE_VERSION_STRING},
+                                          {"model", info.model},
+                                          {"optimizer", opt.name()},
+                                          {"position", pos.dump()},
+                                          {"rng", rng.dump()},
+                                          {"scaler", nlohmann::json(info.scaler).dump()},
+                                          {"config", info.config_json}};
+  save_safetensors(path, tensors, meta);
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
+                               const std::string& expected_model) {
+  auto file = load_safetensors(path);
+  auto& meta = file.metadata;
+  auto get = [&](const char* k) -> const std::string& {
+    auto it = meta.find(k);
+    if (it == meta.end()) AF_THROW(Io, "'{}' is not an ampforge checkpoint (metadata key '{}' is missing)", path, k);
+    return it->second;
+  };
+  if (get("format") != kCheckpointFormat)
+    AF_THROW(Io, "'{}' has checkpoint format '{}'; this build reads '{}'", path, get("format"), kCheckpointFormat);
+  CheckpointInfo info;
+  info.model = get("model");
+  AF_CHECK(info.model == expected_model, "checkpoint '{}' was saved from model '{}', not '{}' (pass --model {} or "
+           "another checkpoint)", path, info.model, expected_model, info.model);
+  AF_CHECK(get("optimizer") == opt.name(), "checkpoint '{}' holds {} optimizer state, but this run uses {}", path,
+           get("optimizer"), opt.name());
+  try {
+    auto pos = nlohmann::json::parse(get("position"));
+    info.pos = {pos.at("epoch").get<int64_t>(), pos.at("batch_in_epoch").get<int64_t>(), pos.at("global_step").get<int64_t>()};
+    auto rng = nlohmann::json::parse(get("rng"));
+    info.rng = {std::stoull(rng.at("seed").get<std::string>()), std::stoull(rng.at("offset").get<std::string>())};
+    info.scaler = nlohmann::json::parse(get("scaler")).get<std::map<std::string, double>>();
+  } catch (const nlohmann::json::exception& e) {
+    AF_THROW(Io, "checkpoint '{}' has malformed metadata: {}", path, e.what());
+  }
+  info.config_json = meta.count("config") ? meta.at("config") : "";
+  std::vector<std::pair<std::string, Tensor>> model_state, opt_state;
+  for (auto& [n, t] : file.tensors) {
+    if (n.rfind("model.", 0) == 0) model_state.emplace_back(n.substr(6), t);
+    else if (n.rfind("optim.", 0) == 0) opt_state.emplace_back(n.substr(6), t);
+    else AF_THROW(Io, "checkpoint '{}' has an unexpected tensor '{}'", path, n);
+  }
+  try {
+    model.load_state_dict(model_state, true);
+    opt.load_state_dict(opt_state);
+  } catch (const Error& e) {
+    AF_THROW(InvalidArgument, "checkpoint '{}' does not fit this model: {}", path, e.what());
+  }
+  return info;
+}
+
+}  // namespace ampforge::train

@@ -1,0 +1,40 @@
+// Training checkpoints: one safetensors file holding the model ("model.<name>"), the optimizer state
+// ("optim.<name>") and, in its metadata, the position (epoch, step), the RNG state, the GradScaler state
+// and the config. Python's safetensors / PyTorch can read it (scripts/check_checkpoint.py shows how with
+// only json + numpy). Writes are atomic (core/safetensors.h): a failed save never damages the old file.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "ampforge/amp/grad_scaler.h"
+#include "ampforge/core/generator.h"
+#include "ampforge/nn/module.h"
+#include "ampforge/optim/optimizer.h"
+
+namespace ampforge::train {
+
+inline constexpr const char* kCheckpointFormat = "ampforge-checkpoint-v1";
+
+struct CheckpointPosition {
+  int64_t epoch = 0;          // epoch to continue in
+  int64_t batch_in_epoch = 0;  // batches of that epoch already done
+  int64_t global_step = 0;    // optimizer steps done
+};
+
+struct CheckpointInfo {
+  std::string model;
+  CheckpointPosition pos;
+  PhiloxState rng;
+  std::map<std::string, double> scaler;  // empty without a scaler
+  std::string config_json;
+};
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
+                     const CheckpointInfo& info);
+// Loads into model and optimizer; throws Io / InvalidArgument naming the file and the problem (corrupt,
+// truncated, not a checkpoint, other model, shape mismatch).
+CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
+                               const std::string& expected_model);
+
+}  // namespace ampforge::train

@@ -1,0 +1,299 @@
+#include "ampforge/train/trainer.h"
+
+#include <csignal>
+#include <cmath>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/amp/autocast.h"
+#include "ampforge/amp/grad_scaler.h"
+#include "ampforge/autograd/functions.h"
+#include "ampforge/autograd/node.h"
+#include "ampforge/core/allocator.h"
+#include "ampforge/data/data_loader.h"
+#include "ampforge/models/models.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/optim/lr_scheduler.h"
+#include "ampforge/train/checkpoint.h"
+#include "ampforge/train/progress.h"
+#include "ampforge/util/log.h"
+#include "ampforge/util/thread_pool.h"
+#include "ampforge/util/timer.h"
+
+namespace ampforge::train {
+
+std::atomic<bool>& stop_requested() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+namespace {
+void train_on_sigint(int) {
+  stop_requested().store(true);  // lock-free atomic: async-signal-safe
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+}
+}  // namespace
+
+void install_sigint_handler() { std::signal(SIGINT, train_on_sigint); }
+
+namespace {
+
+void validate(const TrainConfig& c) {
+  AF_CHECK(c.epochs >= 1, "--epochs must be >= 1, got {}", c.epochs);
+  AF_CHECK(c.batch_size >= 1, "--batch must be >= 1, got {}", c.batch_size);
+  AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
+  AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
+  AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic",
+           "--dataset must be fashion-mnist, mnist or synthetic, got '{}'", c.dataset);
+  AF_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads must be in [0, 1024], got {}", c.threads);
+  AF_CHECK(c.workers >= 0 && c.workers <= 64, "--workers must be in [0, 64], got {}", c.workers);
+  AF_CHECK(c.precision == DType::F32 || c.precision == DType::F16 || c.precision == DType::BF16,
+           "--precision must be fp32, fp16 or bf16");
+  AF_CHECK(!c.master_weights || c.precision != DType::F32, "--master-weights needs --precision fp16 or bf16");
+  AF_CHECK(c.nan_policy == "stop" || c.nan_policy == "skip", "--nan-policy must be stop or skip, got '{}'", c.nan_policy);
+  AF_CHECK(c.clip_grad_norm >= 0, "--clip-grad must be >= 0");
+  AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
+  optim::schedule_from_string(c.schedule);
+}
+
+std::string precision_name(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
+
+nlohmann::json config_json(const TrainConfig& c) {
+  return {{"model", c.model},           {"dataset", c.dataset},       {"epochs", c.epochs},
+          {"batch_size", c.batch_size}, {"lr", c.lr},                 {"optimizer", c.optimizer},
+          {"weight_decay", c.weight_decay}, {"schedule", c.schedule}, {"seed", c.seed},
+          {"precision", precision_name(c.precision)}, {"master_weights", c.master_weights},
+          {"channels_last", c.channels_last}};
+}
+
+struct Eval {
+  double accuracy = 0, loss = 0;
+};
+
+Eval evaluate(nn::Module& model, data::DataLoader& loader, DType precision) {
+  autograd::NoGradGuard ng;
+  model.eval();
+  loader.start_epoch(0);
+  int64_t correct = 0, total = 0;
+  double loss_sum = 0;
+  while (auto b = loader.next()) {
+    Tensor logits;
+    {
+      amp::Autocast ac(kCPU, precision == DType::F32 ? DType::BF16 : precision, precision != DType::F32);
+      logits = model(b->x);
+    }
+    CrossEntropyAttrs ce;
+    ce.reduction = Reduction::Sum;
+    loss_sum += cross_entropy(logits.to(DType::F32), b->y, ce).item();
+    Tensor pred = argmax(logits, 1);
+    correct += static_cast<int64_t>(sum(eq(pred, b->y).to(DType::F32)).item());
+    total += b->y.numel();
+  }
+  model.train();
+  return {total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0,
+          total ? loss_sum / static_cast<double>(total) : 0.0};
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;
+  validate(cfg);
+  const Stopwatch wall;
+  if (cfg.threads > 0) set_num_threads(cfg.threads);
+  manual_seed(cfg.seed);
+
+  // ---- data
+  std::shared_ptr<data::Dataset> train_ds, test_ds;
+  if (cfg.dataset == "synthetic") {
+    train_ds = std::make_shared<data::SyntheticDataset>(cfg.synthetic_size, Shape{1, 28, 28}, 10, cfg.seed + 1);
+    test_ds = std::make_shared<data::SyntheticDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1), Shape{1, 28, 28}, 10,
+                                                       cfg.seed + 2);
+  } else {
+    const std::string dir = !cfg.data_dir.empty() ? cfg.data_dir
+                            : cfg.dataset == "fashion-mnist" ? data::kDefaultFashionMnistDir
+                                                             : "/usr/share/datasets/mnist";
+    train_ds = std::make_shared<data::MnistDataset>(dir, true, cfg.dataset);
+    test_ds = std::make_shared<data::MnistDataset>(dir, false, cfg.dataset);
+  }
+  const auto [mean, stdv] = train_ds->normalization();
+  const MemoryFormat fmt = cfg.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.batch_size;
+  lo.seed = cfg.seed;
+  lo.workers = cfg.workers;
+  lo.mean = mean;
+  lo.std = stdv;
+  lo.crop_padding = cfg.crop_padding;
+  lo.hflip = cfg.hflip;
+  lo.format = fmt;
+  data::DataLoader train_loader(train_ds, lo);
+  data::LoaderOptions elo = lo;
+  elo.shuffle = false;
+  elo.batch_size = cfg.eval_batch_size;
+  elo.crop_padding = 0;
+  elo.hflip = false;
+  data::DataLoader test_loader(test_ds, elo);
+
+  // ---- model, optimizer, schedule, scaler
+  models::ModelOptions mo;
+  mo.in_channels = train_ds->example_shape()[0];
+  mo.num_classes = train_ds->num_classes();
+  mo.image_size = train_ds->example_shape()[1];
+  nn::ModulePtr model = models::create(cfg.model, mo);
+  if (cfg.master_weights) model->to(cfg.precision);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cfg.optimizer == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = cfg.lr;
+    if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
+    opt = std::make_unique<optim::AdamW>(model->parameters(), o);
+  } else {
+    optim::SGDOptions o;
+    o.lr = cfg.lr;
+    o.momentum = cfg.momentum;
+    o.nesterov = cfg.nesterov;
+    if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
+    opt = std::make_unique<optim::SGD>(model->parameters(), o);
+  }
+  const int64_t steps_per_epoch = train_loader.num_batches();
+  const int64_t total_steps = steps_per_epoch * cfg.epochs;
+  optim::ScheduleOptions so;
+  so.kind = optim::schedule_from_string(cfg.schedule);
+  so.total_steps = total_steps;
+  so.step_size = std::max<int64_t>(1, steps_per_epoch * std::max<int64_t>(1, cfg.epochs / 3));
+  so.warmup_steps = cfg.warmup_steps;
+  optim::LRScheduler sched(*opt, so);
+  // Loss scaling is needed for F16 (narrow exponent); BF16 has F32's range, as in PyTorch's recipes.
+  amp::GradScalerOptions gso;
+  gso.enabled = cfg.precision == DType::F16;
+  amp::GradScaler scaler(gso);
+
+  TrainResult r;
+  r.model = cfg.model;
+  r.dataset = cfg.dataset;
+  r.precision = precision_name(cfg.precision);
+  r.parameters = model->num_parameters();
+
+  CheckpointPosition pos;
+  if (!cfg.resume.empty()) {
+    CheckpointInfo info = load_checkpoint(cfg.resume, *model, *opt, cfg.model);
+    pos = info.pos;
+    default_generator().set_state(info.rng);
+    if (scaler.is_enabled() && !info.scaler.empty()) scaler.load_state_dict(info.scaler);
+    if (cfg.verbose)
+      log(LogLevel::Warn, "resumed from '{}' at epoch {}, step {}", cfg.resume, pos.epoch + 1, pos.global_step);
+  }
+
+  auto make_info = [&](const CheckpointPosition& p) {
+    CheckpointInfo info;
+    info.model = cfg.model;
+    info.pos = p;
+    info.rng = default_generator().state();
+    info.scaler = scaler.state_dict();
+    info.config_json = config_json(cfg).dump();
+    return info;
+  };
+  auto save = [&](const CheckpointPosition& p) {
+    if (cfg.save.empty()) return;
+    save_checkpoint(cfg.save, *model, *opt, make_info(p));
+    r.checkpoint = cfg.save;
+  };
+
+  if (cfg.verbose)
+    std::fprintf(stderr, "ampforge train: %s (%lld parameters) on %s, %lld epochs x %lld steps, batch %lld, %s, %s, "
+                 "%d threads\n", cfg.model.c_str(), static_cast<long long>(r.parameters), cfg.dataset.c_str(),
+                 static_cast<long long>(cfg.epochs), static_cast<long long>(steps_per_epoch),
+                 static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), r.precision.c_str(), get_num_threads());
+
+  const bool use_autocast = cfg.precision != DType::F32;
+  int64_t samples = 0;
+  double train_seconds = 0;
+  stop_requested().store(false);
+  model->train();
+  for (int64_t epoch = pos.epoch; epoch < cfg.epochs && r.stopped_reason.empty(); ++epoch) {
+    const int64_t skip = epoch == pos.epoch ? pos.batch_in_epoch : 0;
+    train_loader.start_epoch(epoch, skip);
+    Progress bar(fmt::format("epoch {}/{}", epoch + 1, cfg.epochs), steps_per_epoch, cfg.progress);
+    const Stopwatch epoch_clock;
+    int64_t epoch_samples = 0;
+    double last_loss = 0;
+    int64_t b_in_epoch = skip;
+    while (auto batch = train_loader.next()) {
+      sched.apply(pos.global_step);
+      opt->zero_grad();
+      Tensor loss;
+      {
+        amp::Autocast ac(kCPU, use_autocast ? cfg.precision : DType::BF16, use_autocast);
+        Tensor logits = (*model)(batch->x);
+        loss = cross_entropy(logits, batch->y);
+      }
+      const double lv = loss.item();
+      if (!std::isfinite(lv) && !scaler.is_enabled()) {
+        if (cfg.nan_policy == "stop") {
+          r.stopped_reason = fmt::format("non-finite loss ({}) at step {}", lv, pos.global_step);
+          save({epoch, b_in_epoch, pos.global_step});
+          break;
+        }
+        ++r.skipped_steps;  // skip: no backward, no step
+      } else {
+        scaler.scale(loss).backward();
+        if (cfg.clip_grad_norm > 0) {
+          scaler.unscale_(*opt);
+          optim::clip_grad_norm_(*opt, cfg.clip_grad_norm);
+        }
+        if (!scaler.step(*opt)) ++r.overflow_events;
+        scaler.update();
+      }
+      r.losses.push_back(lv);
+      last_loss = lv;
+      ++pos.global_step;
+      ++b_in_epoch;
+      epoch_samples += batch->y.numel();
+      bar.update(b_in_epoch, fmt::format("loss {:.4f} {:.0f} samples/s", lv,
+                                         static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
+      const bool at_max = cfg.max_steps >= 0 && pos.global_step >= cfg.max_steps;
+      if (stop_requested().load() || at_max) {
+        const bool epoch_done = b_in_epoch >= steps_per_epoch;
+        CheckpointPosition p{epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : b_in_epoch, pos.global_step};
+        r.stopped_reason = at_max ? "max_steps" : "interrupted";
+        r.interrupted = !at_max;
+        save(p);
+        break;
+      }
+    }
+    train_seconds += epoch_clock.seconds();
+    samples += epoch_samples;
+    r.final_train_loss = last_loss;
+    if (!r.stopped_reason.empty()) {
+      bar.finish(fmt::format("stopped: {}", r.stopped_reason));
+      break;
+    }
+    Eval ev = evaluate(*model, test_loader, cfg.precision);
+    r.epoch_accuracy.push_back(ev.accuracy);
+    r.test_accuracy = ev.accuracy;
+    r.test_loss = ev.loss;
+    ++r.epochs_completed;
+    bar.finish(fmt::format("loss {:.4f}, test accuracy {:.2f}%, {:.0f} samples/s", last_loss, 100.0 * ev.accuracy,
+                           static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
+    save({epoch + 1, 0, pos.global_step});
+  }
+  if (r.epochs_completed == 0 && r.stopped_reason != "" && r.stopped_reason.rfind("non-finite", 0) != 0) {
+    Eval ev = evaluate(*model, test_loader, cfg.precision);
+    r.test_accuracy = ev.accuracy;
+    r.test_loss = ev.loss;
+  }
+  r.steps = static_cast<int64_t>(r.losses.size());
+  r.train_seconds = train_seconds;
+  r.train_samples_per_sec = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
+  r.data_wait_seconds = train_loader.wait_seconds();
+  r.wall_seconds = wall.seconds();
+  r.peak_memory_bytes = host_allocator_peak_bytes();
+  r.loss_scale = scaler.is_enabled() ? scaler.get_scale() : 0.0;
+  r.skipped_steps += scaler.skipped_steps();
+  return r;
+}
+
+}  // namespace ampforge::train
