@@ -50,6 +50,12 @@ int run_plot(const MonitorArgs& a) {
 }
 
 int run_monitor(const MonitorArgs& a) {
+  // Ctrl-C (and SIGTERM) end the loop cleanly with a summary; installed first so no window kills us outright.
+  struct sigaction sa {};
+  sa.sa_handler = monitor_on_sigint;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
   const bool colour = use_colour();
   auto nvml = hw::Nvml::open();
   if (!nvml->ok()) {
@@ -80,12 +86,6 @@ int run_monitor(const MonitorArgs& a) {
     std::printf("serving Prometheus metrics on http://%s:%d/metrics\n", server->host().c_str(), server->port());
     std::fflush(stdout);
   }
-
-  struct sigaction sa {};
-  sa.sa_handler = monitor_on_sigint;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-  ::sigaction(SIGTERM, &sa, nullptr);
 
   hw::AlertTracker tracker(a.alert_temp);
   const Stopwatch sw;

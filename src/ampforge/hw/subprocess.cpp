@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "ampforge/util/env.h"
 #include "ampforge/util/timer.h"
 
@@ -34,9 +36,8 @@ std::string find_in_path(const std::string& program) {
   while (begin <= path.size()) {
     size_t end = path.find(':', begin);
     if (end == std::string::npos) end = path.size();
-    std::string dir = path.substr(begin, end - begin);
-    if (dir.empty()) dir = ".";
-    std::string candidate = dir + "/" + program;
+    const std::string dir = end > begin ? path.substr(begin, end - begin) : std::string(".");
+    const std::string candidate = fmt::format("{}/{}", dir, program);
     if (executable(candidate)) return candidate;
     begin = end + 1;
   }

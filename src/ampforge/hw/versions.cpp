@@ -32,7 +32,10 @@ Version Version::from_cuda_int(int v) { return Version{{v / 1000, (v % 1000) / 1
 
 std::string Version::str() const {
   std::string s;
-  for (size_t i = 0; i < parts.size(); ++i) s += (i ? "." : "") + std::to_string(parts[i]);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) s += '.';
+    s += std::to_string(parts[i]);
+  }
   return s;
 }
 

@@ -291,7 +291,9 @@ TEST(CachingAllocator, StatsArithmeticMatchesTheProvider) {
         const size_t rounded = (std::max<size_t>(bytes, 1) + 511) / 512 * 512;
         // No overlap with any live block.
         auto it = live.upper_bound(addr(p));
-        if (it != live.end()) ASSERT_LE(addr(p) + rounded, it->first);
+        if (it != live.end()) {
+          ASSERT_LE(addr(p) + rounded, it->first);
+        }
         if (it != live.begin()) {
           --it;
           ASSERT_LE(it->first + it->second.first, addr(p));
@@ -310,8 +312,14 @@ TEST(CachingAllocator, StatsArithmeticMatchesTheProvider) {
       const AllocatorStats s = a.stats();
       int64_t allocated = 0;
       for (auto& kv : live) allocated += static_cast<int64_t>(kv.second.first);
-      ASSERT_EQ(s.allocated.current, allocated);
-      ASSERT_EQ(s.active.current, allocated);
+      if (std::string(policy) == "pytorch") {
+        // Large blocks are not split when less than 1 MiB would remain: a block may exceed the rounded request.
+        ASSERT_GE(s.allocated.current, allocated);
+        ASSERT_LE(s.allocated.current, allocated + static_cast<int64_t>(live.size() * MiB));
+      } else {
+        ASSERT_EQ(s.allocated.current, allocated);
+      }
+      ASSERT_EQ(s.active.current, s.allocated.current);
       ASSERT_EQ(s.requested.current, requested);
       ASSERT_EQ(s.reserved.current, static_cast<int64_t>(card.used())) << "reserved must equal what the provider holds";
       ASSERT_GE(s.reserved.current, s.allocated.current);
@@ -321,7 +329,9 @@ TEST(CachingAllocator, StatsArithmeticMatchesTheProvider) {
       ASSERT_LE(s.cache_hits, s.num_allocs);
       ASSERT_GE(s.fragmentation, 0.0);
       ASSERT_LE(s.fragmentation, 1.0);
-      if (std::string(policy) == "naive") ASSERT_EQ(s.reserved.current, s.allocated.current);
+      if (std::string(policy) == "naive") {
+        ASSERT_EQ(s.reserved.current, s.allocated.current);
+      }
     }
     for (auto& kv : live) a.free(reinterpret_cast<void*>(kv.first));
     a.empty_cache();

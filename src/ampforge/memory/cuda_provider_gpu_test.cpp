@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ampforge/memory/caching_allocator.h"
+#include "ampforge/util/error.h"
 
 namespace ampforge::memory {
 namespace {

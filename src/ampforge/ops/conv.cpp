@@ -1,20 +1,37 @@
 // ops/: conv2d and its two backward kernels: validation, output allocation (channels-last when the input or
 // the weight is, as PyTorch), dispatch. Output sizes follow PyTorch: out = floor((in + 2p - d*(k-1) - 1) / s) + 1.
+#include <algorithm>
+
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::ops {
 
+namespace {
+// Whether the strides grow in the order C, W, H, N (size-1 dims do not scale), i.e. the tensor was laid
+// out channels-last, and the layout is not fully degenerate. Decides between the two layouts when size-1
+// dims make both hold (a single-channel image, a 1x1 weight), as PyTorch's suggest_memory_format does.
+bool strides_like_channels_last(const Tensor& x) {
+  int64_t min = 0;
+  for (int d : {1, 3, 2, 0}) {
+    if (x.size(d) == 0 || x.stride(d) < min) return false;
+    if (d == 0 && min == x.stride(1)) return false;
+    min = x.stride(d) * std::max<int64_t>(x.size(d), 1);
+  }
+  return true;
+}
+}  // namespace
+
 MemoryFormat image_memory_format(const Tensor& x) {
   if (x.dim() != 4 || !x.is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::Contiguous;
   if (!x.is_contiguous()) return MemoryFormat::ChannelsLast;
-  // Both layouts describe the memory (size-1 dims). A single-channel image made channels-last has channel
-  // stride 1; keeping it channels-last keeps a channels-last network on its fast path from the first layer.
-  return x.size(1) == 1 && x.stride(1) == 1 && x.size(2) * x.size(3) > 1 ? MemoryFormat::ChannelsLast
-                                                                          : MemoryFormat::Contiguous;
+  // Both layouts describe the memory: the strides say which one was asked for. Keeping a channels-last
+  // single-channel image or 1x1 weight channels-last keeps a channels-last network on its fast path.
+  return strides_like_channels_last(x) ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
 }
 
 MemoryFormat conv2d_memory_format(const Tensor& x, const Tensor& weight) {
-  return image_memory_format(x) == MemoryFormat::ChannelsLast || image_memory_format(weight) == MemoryFormat::ChannelsLast
+  return image_memory_format(x) == MemoryFormat::ChannelsLast ||
+                 image_memory_format(weight) == MemoryFormat::ChannelsLast
              ? MemoryFormat::ChannelsLast
              : MemoryFormat::Contiguous;
 }
@@ -44,8 +61,8 @@ Shape conv_check(const char* what, const Shape& xs, const Shape& ws, const Conv2
   }
   AF_CHECK(a.groups > 0, "{}: groups must be positive, got {}", what, a.groups);
   const int64_t C = xs[1], Co = ws[0];
-  AF_CHECK(C > 0 && xs[2] > 0 && xs[3] > 0, "{}: input channels, height and width must be non-zero, got shape {}",
-           what, xs.str());
+  AF_CHECK(C > 0 && xs[2] > 0 && xs[3] > 0, "{}: input channels, height and width must be non-zero, got shape {}", what,
+           xs.str());
   AF_CHECK(Co > 0 && ws[1] > 0 && ws[2] > 0 && ws[3] > 0, "{}: weight sizes must be non-zero, got shape {}", what,
            ws.str());
   AF_CHECK(C % a.groups == 0, "{}: groups ({}) must divide the input channels ({})", what, a.groups, C);
@@ -127,8 +144,8 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Sha
            grad_out.shape().str());
   Tensor gw = Tensor::empty(weight_shape, x.dtype(), x.device());
   dispatch(OpId::conv2d_backward_weight, x.device(),
-           {to_image_layout(grad_out, image_memory_format(grad_out)), to_image_layout(x, image_memory_format(x))},
-           {gw}, &attrs);
+           {to_image_layout(grad_out, image_memory_format(grad_out)), to_image_layout(x, image_memory_format(x))}, {gw},
+           &attrs);
   return gw;
 }
 

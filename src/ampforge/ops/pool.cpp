@@ -130,8 +130,8 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& input_s
   check_image(grad_out, what, "grad_output");
   AF_CHECK(grad_out.size(0) == input_shape[0] && grad_out.size(1) == input_shape[1] && grad_out.size(2) > 0 &&
                grad_out.size(3) > 0,
-           "{}: grad_output shape {} does not match input shape {} (same N and C, positive output size expected)",
-           what, grad_out.shape().str(), input_shape.str());
+           "{}: grad_output shape {} does not match input shape {} (same N and C, positive output size expected)", what,
+           grad_out.shape().str(), input_shape.str());
   Pool2dAttrs attrs;
   attrs.output_size[0] = grad_out.size(2);
   attrs.output_size[1] = grad_out.size(3);

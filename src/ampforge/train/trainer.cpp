@@ -280,7 +280,9 @@ TrainResult train(const TrainConfig& cfg_in) {
                            static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
     save({epoch + 1, 0, pos.global_step});
   }
-  if (r.epochs_completed == 0 && r.stopped_reason != "" && r.stopped_reason.rfind("non-finite", 0) != 0) {
+  // Stopped by --max-steps before an epoch ended: evaluate once so the summary has an accuracy. After
+  // Ctrl-C the user wants out, and after a non-finite loss the model is not worth evaluating.
+  if (r.epochs_completed == 0 && r.stopped_reason == "max_steps") {
     Eval ev = evaluate(*model, test_loader, cfg.precision);
     r.test_accuracy = ev.accuracy;
     r.test_loss = ev.loss;

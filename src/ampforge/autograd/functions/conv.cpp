@@ -9,9 +9,26 @@
 namespace ampforge {
 
 using autograd::Grads;
-using autograd::SavedTensor;
 using autograd::needs_grad;
 using autograd::record;
+using autograd::SavedTensor;
+
+namespace {
+
+// The bias gradient: gy (N, C, OH, OW) summed over N, OH, OW. Written as sums over the outermost dim of
+// views (channels-last: (N*OH*OW, C); NCHW: (N, C, OH*OW) then (C, OH*OW)), which the CPU reduce kernel
+// runs fastest: at (128, 32, 28, 28) F32, sum over {0, 2, 3} took 60-150 ms, these 2-3 ms. 16-bit NCHW
+// keeps the one-pass sum so that the partial sums are not rounded to 16 bits.
+Tensor conv_bias_grad(const Tensor& gy) {
+  const int64_t N = gy.size(0), C = gy.size(1), P = gy.size(2) * gy.size(3);
+  if (gy.is_contiguous(MemoryFormat::ChannelsLast))
+    return ops::sum(ops::reshape(ops::permute(gy, {0, 2, 3, 1}), {N * P, C}), {0});
+  if (gy.is_contiguous() && (gy.dtype() == DType::F32 || gy.dtype() == DType::F64))
+    return ops::sum(ops::sum(ops::reshape(gy, {N, C, P}), {0}), {1});
+  return ops::sum(gy, {0, 2, 3});
+}
+
+}  // namespace
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dAttrs& attrs) {
   Tensor x = x_in, w = w_in, b = b_in;
@@ -28,7 +45,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
            Tensor gX, gW, gB;
            if (gx) gX = ops::conv2d_backward_input(gy, W.get(), xs, attrs, fmt);
            if (gw) gW = ops::conv2d_backward_weight(gy, X.get(), ws, attrs);
-           if (gb) gB = ops::sum(gy, {0, 2, 3});
+           if (gb) gB = conv_bias_grad(gy);
            return {gX, gW, gB};
          });
   return out;
@@ -51,9 +68,10 @@ Tensor avg_pool2d(const Tensor& x_in, const Pool2dAttrs& attrs) {
   autograd::autocast_inputs(OpId::avg_pool2d, {&x});
   Tensor out = ops::avg_pool2d(x, attrs);
   if (!needs_grad({&x})) return out;
-  record("AvgPool2dBackward", {x}, {out}, [attrs, xs = x.shape(), fmt = ops::image_memory_format(x)](const Grads& g) -> Grads {
-    return {ops::avg_pool2d_backward(g[0], xs, attrs, fmt)};
-  });
+  record("AvgPool2dBackward", {x}, {out},
+         [attrs, xs = x.shape(), fmt = ops::image_memory_format(x)](const Grads& g) -> Grads {
+           return {ops::avg_pool2d_backward(g[0], xs, attrs, fmt)};
+         });
   return out;
 }
 
@@ -62,9 +80,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x_in, int64_t out_h, int64_t out_w) {
   autograd::autocast_inputs(OpId::adaptive_avg_pool2d, {&x});
   Tensor out = ops::adaptive_avg_pool2d(x, out_h, out_w);
   if (!needs_grad({&x})) return out;
-  record("AdaptiveAvgPool2dBackward", {x}, {out}, [xs = x.shape(), fmt = ops::image_memory_format(x)](const Grads& g) -> Grads {
-    return {ops::adaptive_avg_pool2d_backward(g[0], xs, fmt)};
-  });
+  record("AdaptiveAvgPool2dBackward", {x}, {out},
+         [xs = x.shape(), fmt = ops::image_memory_format(x)](const Grads& g) -> Grads {
+           return {ops::adaptive_avg_pool2d_backward(g[0], xs, fmt)};
+         });
   return out;
 }
 
@@ -76,7 +95,7 @@ Tensor upsample_nearest2d(const Tensor& x_in, int64_t scale_h, int64_t scale_w) 
   record("UpsampleNearest2dBackward", {x}, {out},
          [scale_h, scale_w, xs = x.shape(), fmt = ops::image_memory_format(x)](const Grads& g) -> Grads {
            return {ops::upsample_nearest2d_backward(g[0], xs, scale_h, scale_w, fmt)};
-  });
+         });
   return out;
 }
 

@@ -40,12 +40,12 @@ constexpr int64_t kDefaultScratchBytes = int64_t{64} << 20;
 constexpr int64_t kTile = 32;  // transpose tile edge
 
 struct Geom {
-  int64_t N, C, H, W;        // input (N, C, H, W)
-  int64_t Co, KH, KW;        // weight (Co, C/G, KH, KW)
-  int64_t OH, OW, P;         // output spatial size, P = OH*OW
-  int64_t G, Cg, Cog, Kg;    // groups, channels per group (in, out), GEMM depth per group KH*KW*Cg
+  int64_t N, C, H, W;      // input (N, C, H, W)
+  int64_t Co, KH, KW;      // weight (Co, C/G, KH, KW)
+  int64_t OH, OW, P;       // output spatial size, P = OH*OW
+  int64_t G, Cg, Cog, Kg;  // groups, channels per group (in, out), GEMM depth per group KH*KW*Cg
   int64_t sh, sw, ph, pw, dh, dw;
-  bool pointwise;            // 1x1, stride 1, no padding: output pixels are input pixels
+  bool pointwise;  // 1x1, stride 1, no padding: output pixels are input pixels
 };
 
 Geom make_geom(const Shape& x, const Shape& w, const Shape& y, const Conv2dAttrs& a) {
@@ -192,7 +192,9 @@ void unpack_weight(const A* m, const Tensor& w) {
 // ---- im2col / col2im (NHWC) ---------------------------------------------------------------------
 
 // Output rows per parallel task: about 32K column elements.
-inline int64_t row_grain(int64_t elems_per_row) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, elems_per_row)); }
+inline int64_t row_grain(int64_t elems_per_row) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, elems_per_row));
+}
 
 // col (nb*OH*OW, Kg), columns (kh, kw, c) <- x (nb, H, W, C), channels [c0, c0 + Cg); zeros where the
 // window covers padding.
@@ -233,33 +235,42 @@ void im2col(const A* x, int64_t nb, const Geom& g, int64_t c0, A* col) {
   });
 }
 
+// d[i] += s[i]; the buffers never overlap (restrict lets the loop vectorise).
+template <class A>
+inline void add_into(A* __restrict d, const A* __restrict s, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
 // gx (nb, H, W, C), channels [c0, c0 + Cg) <- for every input pixel, the sum of the gcol entries im2col
 // copied it to. Written as a gather over input rows, so tasks never write the same element.
 template <class A>
 void col2im(const A* gcol, int64_t nb, const Geom& g, int64_t c0, A* gx) {
   parallel_for(nb * g.H, row_grain(g.W * g.C * g.KH * g.KW / std::max<int64_t>(1, g.sh * g.sw)),
                [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / g.H, ih = r % g.H;
-      for (int64_t iw = 0; iw < g.W; ++iw) {
-        A* d = gx + (r * g.W + iw) * g.C + c0;
-        std::fill_n(d, g.Cg, A(0));
-        for (int64_t kh = 0; kh < g.KH; ++kh) {
-          const int64_t t = ih + g.ph - kh * g.dh;  // = oh * sh when this kh reaches ih
-          if (t < 0) break;                         // t only decreases with kh
-          if (t % g.sh != 0 || t / g.sh >= g.OH) continue;
-          const A* grow = gcol + (n * g.OH + t / g.sh) * g.OW * g.Kg + kh * g.KW * g.Cg;
-          for (int64_t kw = 0; kw < g.KW; ++kw) {
-            const int64_t u = iw + g.pw - kw * g.dw;
-            if (u < 0) break;
-            if (u % g.sw != 0 || u / g.sw >= g.OW) continue;
-            const A* s = grow + (u / g.sw) * g.Kg + kw * g.Cg;
-            for (int64_t c = 0; c < g.Cg; ++c) d[c] += s[c];
-          }
-        }
-      }
-    }
-  });
+                 for (int64_t r = r0; r < r1; ++r) {
+                   const int64_t n = r / g.H, ih = r % g.H;
+                   for (int64_t iw = 0; iw < g.W; ++iw) {
+                     A* d = gx + (r * g.W + iw) * g.C + c0;
+                     std::fill_n(d, g.Cg, A(0));
+                     for (int64_t kh = 0; kh < g.KH; ++kh) {
+                       const int64_t t = ih + g.ph - kh * g.dh;  // = oh * sh when this kh reaches ih
+                       if (t < 0) break;                         // t only decreases with kh
+                       if (g.sh != 1 && t % g.sh != 0) continue;
+                       const int64_t oh = g.sh == 1 ? t : t / g.sh;
+                       if (oh >= g.OH) continue;
+                       const A* grow = gcol + (n * g.OH + oh) * g.OW * g.Kg + kh * g.KW * g.Cg;
+                       for (int64_t kw = 0; kw < g.KW; ++kw) {
+                         const int64_t u = iw + g.pw - kw * g.dw;
+                         if (u < 0) break;
+                         if (g.sw != 1 && u % g.sw != 0) continue;
+                         const int64_t ow = g.sw == 1 ? u : u / g.sw;
+                         if (ow >= g.OW) continue;
+                         add_into(d, grow + ow * g.Kg + kw * g.Cg, g.Cg);
+                       }
+                     }
+                   }
+                 }
+               });
 }
 
 // Images per batch so that per-image scratch (elements of A) fits the limit; at least 1.
@@ -314,7 +325,8 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
 
   const bool x_direct = std::is_same_v<S, A> && is_nhwc(x);
   const bool y_direct = std::is_same_v<S, A> && is_nhwc(y);
-  const int64_t per_image = (x_direct ? 0 : g.H * g.W * g.C) + (g.pointwise ? 0 : g.P * g.Kg) + (y_direct ? 0 : g.P * g.Co);
+  const int64_t per_image =
+      (x_direct ? 0 : g.H * g.W * g.C) + (g.pointwise ? 0 : g.P * g.Kg) + (y_direct ? 0 : g.P * g.Co);
   const int64_t nb_max = images_per_batch(per_image, sizeof(A), a, g.N);
   auto xbuf = scratch<A>(x_direct ? 0 : nb_max * g.H * g.W * g.C);
   auto col = scratch<A>(g.pointwise ? 0 : nb_max * g.P * g.Kg);
@@ -389,8 +401,8 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
     }
     A* gxout = gx_direct ? static_cast<A*>(gx.data_ptr()) + n0 * g.H * g.W * g.C : gxbuf.get();  // (nb, H, W, C)
     for (int64_t gi = 0; gi < g.G; ++gi) {
-      const MatRef am{gyin + gi * g.Cog, g.Co, 1};                    // (M, Cog)
-      const MatRef bm{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1};        // (Cog, Kg)
+      const MatRef am{gyin + gi * g.Cog, g.Co, 1};              // (M, Cog)
+      const MatRef bm{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1};  // (Cog, Kg)
       if (g.pointwise) {
         gemm(M, g.Cg, g.Cog, am, bm, A(0), gxout + gi * g.Cg, g.C);  // input pixels = output pixels
       } else {
@@ -424,7 +436,8 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 
   const bool gy_direct = std::is_same_v<S, A> && is_nhwc(gy);
   const bool x_direct = std::is_same_v<S, A> && is_nhwc(x);
-  const int64_t per_image = (gy_direct ? 0 : g.P * g.Co) + (g.pointwise ? 0 : g.P * g.Kg) + (x_direct ? 0 : g.H * g.W * g.C);
+  const int64_t per_image =
+      (gy_direct ? 0 : g.P * g.Co) + (g.pointwise ? 0 : g.P * g.Kg) + (x_direct ? 0 : g.H * g.W * g.C);
   const int64_t nb_max = images_per_batch(per_image, sizeof(A), a, g.N);
   auto gybuf = scratch<A>(gy_direct ? 0 : nb_max * g.P * g.Co);
   auto col = scratch<A>(g.pointwise ? 0 : nb_max * g.P * g.Kg);
@@ -466,16 +479,14 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 // inputs: x, weight[, bias]; outputs: y.
 void conv2d_kernel(const KernelArgs& k) {
   const Tensor* bias = k.inputs.size() > 2 && k.in(2).defined() ? &k.in(2) : nullptr;
-  visit_float(k.out(0).dtype(), "conv2d", [&](auto tag) {
-    conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), k.attr<Conv2dAttrs>());
-  });
+  visit_float(k.out(0).dtype(), "conv2d",
+              [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), k.attr<Conv2dAttrs>()); });
 }
 
 // inputs: grad_out, weight; outputs: grad_in.
 void conv2d_backward_input_kernel(const KernelArgs& k) {
-  visit_float(k.out(0).dtype(), "conv2d_backward_input", [&](auto tag) {
-    conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), k.attr<Conv2dAttrs>());
-  });
+  visit_float(k.out(0).dtype(), "conv2d_backward_input",
+              [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), k.attr<Conv2dAttrs>()); });
 }
 
 // inputs: grad_out, x; outputs: grad_weight.

@@ -36,11 +36,16 @@ struct Tol {
 };
 Tol tol_of(DType d) {
   switch (d) {
-    case DType::F64: return {std::ldexp(1.0, -53), std::ldexp(1.0, -53), std::ldexp(1.0, -1074)};
-    case DType::F32: return {std::ldexp(1.0, -24), std::ldexp(1.0, -24), std::ldexp(1.0, -149)};
-    case DType::F16: return {std::ldexp(1.0, -11), std::ldexp(1.0, -24), std::ldexp(1.0, -24)};
-    case DType::BF16: return {std::ldexp(1.0, -8), std::ldexp(1.0, -24), std::ldexp(1.0, -133)};
-    default: return {0, 0, 0};
+    case DType::F64:
+      return {std::ldexp(1.0, -53), std::ldexp(1.0, -53), std::ldexp(1.0, -1074)};
+    case DType::F32:
+      return {std::ldexp(1.0, -24), std::ldexp(1.0, -24), std::ldexp(1.0, -149)};
+    case DType::F16:
+      return {std::ldexp(1.0, -11), std::ldexp(1.0, -24), std::ldexp(1.0, -24)};
+    case DType::BF16:
+      return {std::ldexp(1.0, -8), std::ldexp(1.0, -24), std::ldexp(1.0, -133)};
+    default:
+      return {0, 0, 0};
   }
 }
 
@@ -241,7 +246,8 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     ADD_FAILURE() << "no error; expected one mentioning " << parts[0];
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
   }
 }
 
@@ -254,8 +260,8 @@ TEST(Conv2d, MatchesDirectLoops) {
     for (MemoryFormat mf : {kNCHW, kNHWC})
       for (DType dt : kDtypes)
         for (int64_t scratch : {int64_t{0}, int64_t{1}}) {  // default batching; one image at a time
-          const std::string what = fmt::format("{} {} {} scratch={}", c.name, mf == kNHWC ? "NHWC" : "NCHW",
-                                               dtype_name(dt), scratch);
+          const std::string what =
+              fmt::format("{} {} {} scratch={}", c.name, mf == kNHWC ? "NHWC" : "NCHW", dtype_name(dt), scratch);
           Conv2dAttrs a = c.a;
           a.max_scratch_bytes = scratch;
           const Shape xs{c.N, c.C, c.H, c.W}, ws{c.Co, c.C / a.groups, c.KH, c.KW};
@@ -345,7 +351,8 @@ TEST(Conv2d, OutputKeepsTheInputLayout) {
 TEST(Conv2d, AutogradMatchesFiniteDifferences) {
   const Conv2dAttrs a = conv_attrs(2, 1, 1, 2, 1, 2, 2);
   for (MemoryFormat mf : {kNCHW, kNHWC}) {
-    gradcheck("conv2d grouped strided dilated", [&](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], a); },
+    gradcheck("conv2d grouped strided dilated",
+              [&](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], a); },
               {leaf({2, 4, 6, 5}, mf), leaf({6, 2, 3, 3}), leaf({6})});
     gradcheck("conv2d 1x1", [&](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], {}); },
               {leaf({2, 3, 3, 4}, mf), leaf({5, 3, 1, 1}), leaf({5})});
@@ -355,49 +362,86 @@ TEST(Conv2d, AutogradMatchesFiniteDifferences) {
 }
 
 TEST(Conv2d, AutocastRunsInLowerPrecisionWithF32Gradients) {
-  const autograd::AutocastState saved = autograd::autocast_state();
-  autograd::set_autocast_state({true, DType::BF16, DeviceType::CPU});
-  Tensor x = rnd({2, 3, 5, 5}, DType::F32, kNHWC);
-  Tensor w = rnd({4, 3, 3, 3}, DType::F32).requires_grad_();
-  Tensor b = rnd({4}, DType::F32).requires_grad_();
-  Tensor y = conv2d(x, w, b, conv_attrs(1, 1, 1, 1, 1, 1, 1));
-  autograd::set_autocast_state(saved);
-  EXPECT_EQ(y.dtype(), DType::BF16);
-  EXPECT_TRUE(y.is_contiguous(kNHWC));
-  y.sum().backward();
-  ASSERT_TRUE(w.grad().defined());
-  EXPECT_EQ(w.grad().dtype(), DType::F32);
-  EXPECT_EQ(b.grad().dtype(), DType::F32);
-  // d sum(y) / d b = N * OH * OW per channel.
-  for (double g : vals(b.grad())) EXPECT_NEAR(g, 50.0, 0.5);
+  // Both layouts, with an expanded gradient (from sum) and a dense one: every bias-gradient path.
+  for (MemoryFormat mf : {kNCHW, kNHWC})
+    for (bool dense : {false, true}) {
+      const autograd::AutocastState saved = autograd::autocast_state();
+      autograd::set_autocast_state({true, DType::BF16, DeviceType::CPU});
+      Tensor x = rnd({2, 3, 5, 5}, DType::F32, mf);
+      Tensor w = rnd({4, 3, 3, 3}, DType::F32).requires_grad_();
+      Tensor b = rnd({4}, DType::F32).requires_grad_();
+      Tensor y = conv2d(x, w, b, conv_attrs(1, 1, 1, 1, 1, 1, 1));
+      autograd::set_autocast_state(saved);
+      EXPECT_EQ(y.dtype(), DType::BF16);
+      EXPECT_TRUE(y.is_contiguous(mf));
+      if (dense)
+        y.backward(ops::ones_like(y));
+      else
+        y.sum().backward();
+      ASSERT_TRUE(w.grad().defined());
+      EXPECT_EQ(w.grad().dtype(), DType::F32);
+      EXPECT_EQ(b.grad().dtype(), DType::F32);
+      // d sum(y) / d b = N * OH * OW per channel (exact in BF16).
+      EXPECT_EQ(vals(b.grad()), std::vector<double>(4, 50.0));
+    }
 }
 
 TEST(Conv2d, BadArgumentsAreClearErrors) {
   Tensor x = rnd({2, 3, 8, 8}, DType::F32), w = rnd({4, 3, 3, 3}, DType::F32);
   expect_error([&] { ops::conv2d(rnd({3, 8, 8}, DType::F32), w, Tensor(), {}); }, {"conv2d", "4-D input", "[3, 8, 8]"});
   expect_error([&] { ops::conv2d(x, rnd({4, 3, 3}, DType::F32), Tensor(), {}); }, {"conv2d", "4-D weight"});
-  expect_error([&] { ops::conv2d(x, rnd({4, 2, 3, 3}, DType::F32), Tensor(), {}); },
-               {"conv2d", "input has 3 channels", "2 * 1 = 2"});
-  expect_error([&] { ops::conv2d(x, rnd({4, 1, 3, 3}, DType::F32), Tensor(), conv_attrs(1, 1, 0, 0, 1, 1, 2)); },
-               {"conv2d", "groups (2) must divide the input channels (3)"});
-  expect_error([&] { ops::conv2d(rnd({2, 4, 8, 8}, DType::F32), rnd({3, 2, 3, 3}, DType::F32), Tensor(),
-                                 conv_attrs(1, 1, 0, 0, 1, 1, 2)); },
-               {"conv2d", "groups (2) must divide the output channels (3"});
-  expect_error([&] { ops::conv2d(x, rnd({4, 3, 9, 3}, DType::F32), Tensor(), {}); },
-               {"conv2d", "larger than the padded input height", "8 + 2 * 0 = 8"});
+  expect_error(
+      [&] {
+        ops::conv2d(x, rnd({4, 2, 3, 3}, DType::F32), Tensor(), {});
+      },
+      {"conv2d", "input has 3 channels", "2 * 1 = 2"});
+  expect_error(
+      [&] {
+        ops::conv2d(x, rnd({4, 1, 3, 3}, DType::F32), Tensor(), conv_attrs(1, 1, 0, 0, 1, 1, 2));
+      },
+      {"conv2d", "groups (2) must divide the input channels (3)"});
+  expect_error(
+      [&] {
+        ops::conv2d(rnd({2, 4, 8, 8}, DType::F32), rnd({3, 2, 3, 3}, DType::F32), Tensor(),
+                    conv_attrs(1, 1, 0, 0, 1, 1, 2));
+      },
+      {"conv2d", "groups (2) must divide the output channels (3"});
+  expect_error(
+      [&] {
+        ops::conv2d(x, rnd({4, 3, 9, 3}, DType::F32), Tensor(), {});
+      },
+      {"conv2d", "larger than the padded input height", "8 + 2 * 0 = 8"});
   expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 0, 0, 4, 1, 1)); },
                {"conv2d", "effective 9", "larger than the padded input"});
-  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(0, 1, 0, 0, 1, 1, 1)); }, {"conv2d", "stride must be positive"});
-  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 0, 0, 1, 0, 1)); }, {"conv2d", "dilation must be positive"});
-  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, -1, 0, 1, 1, 1)); }, {"conv2d", "padding must be non-negative"});
-  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 0, 0, 1, 1, 0)); }, {"conv2d", "groups must be positive"});
-  expect_error([&] { ops::conv2d(x, rnd({4, 3, 3, 3}, DType::F64), Tensor(), {}); }, {"conv2d", "same dtype", "f32", "f64"});
+  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(0, 1, 0, 0, 1, 1, 1)); },
+               {"conv2d", "stride must be positive"});
+  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 0, 0, 1, 0, 1)); },
+               {"conv2d", "dilation must be positive"});
+  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, -1, 0, 1, 1, 1)); },
+               {"conv2d", "padding must be non-negative"});
+  expect_error([&] { ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 0, 0, 1, 1, 0)); },
+               {"conv2d", "groups must be positive"});
+  expect_error(
+      [&] {
+        ops::conv2d(x, rnd({4, 3, 3, 3}, DType::F64), Tensor(), {});
+      },
+      {"conv2d", "same dtype", "f32", "f64"});
   expect_error([&] { ops::conv2d(x, w, rnd({5}, DType::F32), {}); }, {"conv2d", "bias must have shape [4]", "[5]"});
-  expect_error([&] { ops::conv2d(ops::zeros({2, 3, 8, 8}, DType::I64), w, Tensor(), {}); }, {"conv2d", "floating-point"});
-  expect_error([&] { ops::conv2d_backward_input(rnd({2, 4, 5, 5}, DType::F32), w, x.shape(), {}); },
-               {"conv2d_backward_input", "[2, 4, 6, 6]", "[2, 4, 5, 5]"});
-  expect_error([&] { ops::conv2d_backward_weight(rnd({2, 4, 6, 6}, DType::F32), rnd({2, 3, 8, 8}, DType::F64), w.shape(), {}); },
-               {"conv2d_backward_weight", "same dtype"});
+  expect_error(
+      [&] {
+        ops::conv2d(ops::zeros({2, 3, 8, 8}, DType::I64), w, Tensor(), {});
+      },
+      {"conv2d", "floating-point"});
+  expect_error(
+      [&] {
+        ops::conv2d_backward_input(rnd({2, 4, 5, 5}, DType::F32), w, x.shape(), {});
+      },
+      {"conv2d_backward_input", "[2, 4, 6, 6]", "[2, 4, 5, 5]"});
+  expect_error(
+      [&] {
+        ops::conv2d_backward_weight(rnd({2, 4, 6, 6}, DType::F32), rnd({2, 3, 8, 8}, DType::F64), w.shape(), {});
+      },
+      {"conv2d_backward_weight", "same dtype"});
 }
 
 // ---- pooling references -------------------------------------------------------------------------------
@@ -421,7 +465,8 @@ struct PoolRef {
 
 // Max pooling by direct loops over the window's positions ih = oh*s - p + kh*d inside the input: a NaN
 // wins (a later NaN replaces an earlier one, as PyTorch); ties keep the first position.
-PoolRef max_pool_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, const Pool2dAttrs& a) {
+PoolRef max_pool_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy,
+                     const Pool2dAttrs& a) {
   PoolRef r;
   const int64_t OH = ops::pool2d_output_size(xs[2], a.kernel[0], a.stride[0], a.padding[0], a.dilation[0], a.ceil_mode);
   const int64_t OW = ops::pool2d_output_size(xs[3], a.kernel[1], a.stride[1], a.padding[1], a.dilation[1], a.ceil_mode);
@@ -459,7 +504,8 @@ PoolRef max_pool_ref(const std::vector<double>& x, const Shape& xs, const std::v
 
 // Window sums over boxes given by `box(oh, ow, h0, h1, w0, w1, div)`; backward spreads gy / div.
 template <class Box>
-PoolRef mean_ref(const std::vector<double>& x, const Shape& xs, const Shape& ys, const std::vector<double>& gy, Box box) {
+PoolRef mean_ref(const std::vector<double>& x, const Shape& xs, const Shape& ys, const std::vector<double>& gy,
+                 Box box) {
   PoolRef r;
   r.ys = ys;
   r.y.assign(shape_numel(ys), 0);
@@ -493,7 +539,8 @@ PoolRef mean_ref(const std::vector<double>& x, const Shape& xs, const Shape& ys,
 }
 
 // avg_pool2d as PyTorch documents it: the window clipped to the padded input; divisor with or without padding.
-PoolRef avg_pool_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, const Pool2dAttrs& a) {
+PoolRef avg_pool_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy,
+                     const Pool2dAttrs& a) {
   const int64_t OH = ops::pool2d_output_size(xs[2], a.kernel[0], a.stride[0], a.padding[0], 1, a.ceil_mode);
   const int64_t OW = ops::pool2d_output_size(xs[3], a.kernel[1], a.stride[1], a.padding[1], 1, a.ceil_mode);
   return mean_ref(x, xs, Shape{xs[0], xs[1], OH, OW}, gy,
@@ -509,7 +556,8 @@ PoolRef avg_pool_ref(const std::vector<double>& x, const Shape& xs, const std::v
                   });
 }
 
-PoolRef adaptive_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, int64_t OH, int64_t OW) {
+PoolRef adaptive_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, int64_t OH,
+                     int64_t OW) {
   return mean_ref(x, xs, Shape{xs[0], xs[1], OH, OW}, gy,
                   [&](int64_t oh, int64_t ow, int64_t& h0, int64_t& h1, int64_t& w0, int64_t& w1, int64_t& div) {
                     h0 = static_cast<int64_t>(std::floor(static_cast<double>(oh * xs[2]) / OH));
@@ -520,7 +568,8 @@ PoolRef adaptive_ref(const std::vector<double>& x, const Shape& xs, const std::v
                   });
 }
 
-PoolRef upsample_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, int64_t sh, int64_t sw) {
+PoolRef upsample_ref(const std::vector<double>& x, const Shape& xs, const std::vector<double>& gy, int64_t sh,
+                     int64_t sw) {
   PoolRef r;
   r.ys = Shape{xs[0], xs[1], xs[2] * sh, xs[3] * sw};
   r.y.assign(shape_numel(r.ys), 0);
@@ -547,9 +596,9 @@ PoolRef upsample_ref(const std::vector<double>& x, const Shape& xs, const std::v
 TEST(Pool2d, OutputSizesFollowPyTorch) {
   EXPECT_EQ(ops::pool2d_output_size(7, 3, 2, 1, 1, false), 4);
   EXPECT_EQ(ops::pool2d_output_size(6, 3, 2, 0, 1, false), 2);
-  EXPECT_EQ(ops::pool2d_output_size(6, 3, 2, 0, 1, true), 3);   // ceil adds a partial window
+  EXPECT_EQ(ops::pool2d_output_size(6, 3, 2, 0, 1, true), 3);  // ceil adds a partial window
   EXPECT_EQ(ops::pool2d_output_size(5, 2, 2, 1, 1, false), 3);
-  EXPECT_EQ(ops::pool2d_output_size(5, 2, 2, 1, 1, true), 3);   // ceil's extra window would start in the right padding
+  EXPECT_EQ(ops::pool2d_output_size(5, 2, 2, 1, 1, true), 3);    // ceil's extra window would start in the right padding
   EXPECT_EQ(ops::pool2d_output_size(10, 3, 3, 1, 2, false), 3);  // dilated: effective kernel 5
   EXPECT_EQ(ops::pool2d_output_size(10, 3, 3, 1, 2, true), 4);
   EXPECT_EQ(ops::pool2d_output_size(28, 2, 2, 0, 1, false), 14);
@@ -568,7 +617,8 @@ TEST(Pool2d, MaxPoolMatchesDirectLoops) {
   for (const auto& [name, a] : cases)
     for (MemoryFormat mf : {kNCHW, kNHWC})
       for (DType dt : kDtypes) {
-        const std::string what = fmt::format("max_pool2d {} {} {}", name, mf == kNHWC ? "NHWC" : "NCHW", dtype_name(dt));
+        const std::string what =
+            fmt::format("max_pool2d {} {} {}", name, mf == kNHWC ? "NHWC" : "NCHW", dtype_name(dt));
         Tensor x = rnd(xs, dt, mf);
         auto [y, idx] = ops::max_pool2d(x, a);
         Tensor gy = rnd(y.shape(), dt, mf);
@@ -620,7 +670,8 @@ TEST(Pool2d, AvgPoolMatchesDirectLoops) {
   for (const auto& [name, a] : cases)
     for (MemoryFormat mf : {kNCHW, kNHWC})
       for (DType dt : kDtypes) {
-        const std::string what = fmt::format("avg_pool2d {} {} {}", name, mf == kNHWC ? "NHWC" : "NCHW", dtype_name(dt));
+        const std::string what =
+            fmt::format("avg_pool2d {} {} {}", name, mf == kNHWC ? "NHWC" : "NCHW", dtype_name(dt));
         Tensor x = rnd(xs, dt, mf);
         Tensor y = ops::avg_pool2d(x, a);
         Tensor gy = rnd(y.shape(), dt, mf);
@@ -698,13 +749,19 @@ TEST(Pool2d, LayoutsGiveIdenticalValues) {
 TEST(Pool2d, AutogradMatchesFiniteDifferences) {
   for (MemoryFormat mf : {kNCHW, kNHWC}) {
     // Random inputs: windows have no ties closer than eps, so max pooling is differentiable at them.
-    gradcheck("max_pool2d ceil", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], pool_attrs(3, 3, 2, 2, 1, 1, 1, 1, true)); },
+    gradcheck("max_pool2d ceil",
+              [](const std::vector<Tensor>& in) { return max_pool2d(in[0], pool_attrs(3, 3, 2, 2, 1, 1, 1, 1, true)); },
               {leaf({2, 3, 7, 6}, mf)});
-    gradcheck("max_pool2d dilated", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], pool_attrs(2, 3, 1, 2, 1, 1, 2, 2)); },
+    gradcheck("max_pool2d dilated",
+              [](const std::vector<Tensor>& in) { return max_pool2d(in[0], pool_attrs(2, 3, 1, 2, 1, 1, 2, 2)); },
               {leaf({1, 2, 6, 7}, mf)});
-    gradcheck("avg_pool2d excl", [](const std::vector<Tensor>& in) {
-      return avg_pool2d(in[0], pool_attrs(3, 3, 2, 2, 1, 1, 1, 1, true, false)); }, {leaf({2, 3, 7, 6}, mf)});
-    gradcheck("avg_pool2d incl", [](const std::vector<Tensor>& in) { return avg_pool2d(in[0], pool_attrs(2, 3, 2, 1, 1, 1)); },
+    gradcheck("avg_pool2d excl",
+              [](const std::vector<Tensor>& in) {
+                return avg_pool2d(in[0], pool_attrs(3, 3, 2, 2, 1, 1, 1, 1, true, false));
+              },
+              {leaf({2, 3, 7, 6}, mf)});
+    gradcheck("avg_pool2d incl",
+              [](const std::vector<Tensor>& in) { return avg_pool2d(in[0], pool_attrs(2, 3, 2, 1, 1, 1)); },
               {leaf({1, 2, 5, 6}, mf)});
     gradcheck("adaptive_avg_pool2d", [](const std::vector<Tensor>& in) { return adaptive_avg_pool2d(in[0], 3, 2); },
               {leaf({2, 3, 7, 5}, mf)});
@@ -715,25 +772,42 @@ TEST(Pool2d, AutogradMatchesFiniteDifferences) {
 
 TEST(Pool2d, BadArgumentsAreClearErrors) {
   Tensor x = rnd({2, 3, 8, 8}, DType::F32);
-  expect_error([&] { ops::max_pool2d(rnd({3, 8, 8}, DType::F32), pool_attrs(2, 2, 2, 2, 0, 0)); },
-               {"max_pool2d", "4-D input", "[3, 8, 8]"});
+  expect_error(
+      [&] {
+        ops::max_pool2d(rnd({3, 8, 8}, DType::F32), pool_attrs(2, 2, 2, 2, 0, 0));
+      },
+      {"max_pool2d", "4-D input", "[3, 8, 8]"});
   expect_error([&] { ops::max_pool2d(x, pool_attrs(3, 3, 1, 1, 2, 0)); },
                {"max_pool2d", "padding must be at most half the kernel size", "padding 2 for kernel 3"});
   expect_error([&] { ops::max_pool2d(x, pool_attrs(2, 2, 0, 2, 0, 0)); }, {"max_pool2d", "stride must be positive"});
-  expect_error([&] { ops::max_pool2d(x, pool_attrs(0, 2, 1, 1, 0, 0)); }, {"max_pool2d", "kernel size must be positive"});
-  expect_error([&] { ops::max_pool2d(x, pool_attrs(2, 2, 1, 1, -1, 0)); }, {"max_pool2d", "padding must be non-negative"});
-  expect_error([&] { ops::max_pool2d(x, pool_attrs(2, 2, 1, 1, 0, 0, 0, 1)); }, {"max_pool2d", "dilation must be positive"});
+  expect_error([&] { ops::max_pool2d(x, pool_attrs(0, 2, 1, 1, 0, 0)); },
+               {"max_pool2d", "kernel size must be positive"});
+  expect_error([&] { ops::max_pool2d(x, pool_attrs(2, 2, 1, 1, -1, 0)); },
+               {"max_pool2d", "padding must be non-negative"});
+  expect_error([&] { ops::max_pool2d(x, pool_attrs(2, 2, 1, 1, 0, 0, 0, 1)); },
+               {"max_pool2d", "dilation must be positive"});
   expect_error([&] { ops::max_pool2d(x, pool_attrs(9, 2, 1, 1, 0, 0)); }, {"max_pool2d", "too small", "8x8"});
-  expect_error([&] { ops::avg_pool2d(x, pool_attrs(2, 2, 1, 1, 0, 0, 2, 1)); }, {"avg_pool2d", "dilation is not supported"});
-  expect_error([&] { ops::avg_pool2d(ops::zeros({2, 3, 8, 8}, DType::I32), pool_attrs(2, 2, 2, 2, 0, 0)); },
-               {"avg_pool2d", "floating-point"});
+  expect_error([&] { ops::avg_pool2d(x, pool_attrs(2, 2, 1, 1, 0, 0, 2, 1)); },
+               {"avg_pool2d", "dilation is not supported"});
+  expect_error(
+      [&] {
+        ops::avg_pool2d(ops::zeros({2, 3, 8, 8}, DType::I32), pool_attrs(2, 2, 2, 2, 0, 0));
+      },
+      {"avg_pool2d", "floating-point"});
   expect_error([&] { ops::adaptive_avg_pool2d(x, 0, 2); }, {"adaptive_avg_pool2d", "output size must be positive"});
   expect_error([&] { ops::upsample_nearest2d(x, 0, 2); }, {"upsample_nearest2d", "scale factors"});
-  expect_error([&] { ops::avg_pool2d_backward(rnd({2, 3, 3, 3}, DType::F32), x.shape(), pool_attrs(2, 2, 2, 2, 0, 0)); },
-               {"avg_pool2d_backward", "[2, 3, 4, 4]", "[2, 3, 3, 3]"});
+  expect_error(
+      [&] {
+        ops::avg_pool2d_backward(rnd({2, 3, 3, 3}, DType::F32), x.shape(), pool_attrs(2, 2, 2, 2, 0, 0));
+      },
+      {"avg_pool2d_backward", "[2, 3, 4, 4]", "[2, 3, 3, 3]"});
   auto [y, idx] = ops::max_pool2d(x, pool_attrs(2, 2, 2, 2, 0, 0));
-  expect_error([&] { ops::max_pool2d_backward(y, ops::zeros(y.shape(), DType::I32), x.shape(), pool_attrs(2, 2, 2, 2, 0, 0)); },
-               {"max_pool2d_backward", "indices must be I64"});
-  expect_error([&] { ops::upsample_nearest2d_backward(rnd({2, 3, 16, 15}, DType::F32), x.shape(), 2, 2); },
-               {"upsample_nearest2d_backward", "[2, 3, 16, 16]"});
+  expect_error(
+      [&] { ops::max_pool2d_backward(y, ops::zeros(y.shape(), DType::I32), x.shape(), pool_attrs(2, 2, 2, 2, 0, 0)); },
+      {"max_pool2d_backward", "indices must be I64"});
+  expect_error(
+      [&] {
+        ops::upsample_nearest2d_backward(rnd({2, 3, 16, 15}, DType::F32), x.shape(), 2, 2);
+      },
+      {"upsample_nearest2d_backward", "[2, 3, 16, 16]"});
 }

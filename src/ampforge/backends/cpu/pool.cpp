@@ -46,7 +46,9 @@ bool all_channels_last(std::initializer_list<const Tensor*> ts) {
 }
 
 // Units of work per parallel task: about 32K inner iterations.
-inline int64_t grain_for(int64_t work_per_unit) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_unit)); }
+inline int64_t grain_for(int64_t work_per_unit) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_unit));
+}
 
 struct Dims4 {
   int64_t N, C, H, W;
@@ -186,7 +188,8 @@ void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx) {
         }
       S* xb = gxp + n * gx.stride(0) + c * gx.stride(1);
       for (int64_t ih = 0; ih < in.H; ++ih)
-        for (int64_t iw = 0; iw < in.W; ++iw) xb[ih * gx.stride(2) + iw * gx.stride(3)] = convert<S>(acc[ih * in.W + iw]);
+        for (int64_t iw = 0; iw < in.W; ++iw)
+          xb[ih * gx.stride(2) + iw * gx.stride(3)] = convert<S>(acc[ih * in.W + iw]);
     }
   });
 }
@@ -291,7 +294,8 @@ void window_mean_backward(const Tensor& gy, const Tensor& gx, BoxFn box, int64_t
         }
       S* xb = gxp + n * gx.stride(0) + c * gx.stride(1);
       for (int64_t ih = 0; ih < in.H; ++ih)
-        for (int64_t iw = 0; iw < in.W; ++iw) xb[ih * gx.stride(2) + iw * gx.stride(3)] = convert<S>(acc[ih * in.W + iw]);
+        for (int64_t iw = 0; iw < in.W; ++iw)
+          xb[ih * gx.stride(2) + iw * gx.stride(3)] = convert<S>(acc[ih * in.W + iw]);
     }
   });
 }
@@ -402,9 +406,8 @@ void upsample_backward(const Tensor& gy, const Tensor& gx, const UpsampleAttrs& 
 
 // inputs: x; outputs: y, indices (I64).
 void max_pool2d_kernel(const KernelArgs& k) {
-  visit_float(k.out(0).dtype(), "max_pool2d", [&](auto tag) {
-    max_pool_forward<decltype(tag)>(k.in(0), k.out(0), k.out(1), k.attr<Pool2dAttrs>());
-  });
+  visit_float(k.out(0).dtype(), "max_pool2d",
+              [&](auto tag) { max_pool_forward<decltype(tag)>(k.in(0), k.out(0), k.out(1), k.attr<Pool2dAttrs>()); });
 }
 
 // inputs: grad_out, indices; outputs: grad_in.

@@ -1,0 +1,95 @@
+// `ampforge train` as a user runs it: --help, usage errors (exit 2), bad data (exit 2 naming the file),
+// --json's keys, and Ctrl-C finishing the step, writing a checkpoint and exiting 130.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/core/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+CmdResult run(const std::string& args) {
+  const std::string cmd = kBin + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+fs::path tmp(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("ampforge_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+}  // namespace
+
+TEST(TrainCli, HelpAndUsageErrors) {
+  CmdResult h = run("train --help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("--precision"), std::string::npos);
+  EXPECT_EQ(run("--version").code, 0);
+  EXPECT_EQ(run("train --epochs abc").code, 2);
+  EXPECT_EQ(run("train --no-such-flag").code, 2);
+  CmdResult bad = run("train --precision fp8 --no-progress");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("fp8"), std::string::npos);
+}
+
+TEST(TrainCli, MissingDataIsExitCode2WithTheDirectory) {
+  CmdResult r = run("train --data-dir " + tmp("nowhere").string() + " --no-progress");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("nowhere"), std::string::npos) << r.out;
+}
+
+TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
+  const std::string cmd = kBin + " train --dataset synthetic --synthetic-size 128 --batch 32 --epochs 1 --json --no-progress 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0);
+  auto j = nlohmann::json::parse(out);
+  for (const char* k : {"model", "precision", "epochs", "test_accuracy", "train_samples_per_sec", "wall_seconds",
+                        "peak_memory_bytes", "loss_scale", "skipped_steps", "overflow_events"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["epochs"], 1);
+}
+
+TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) {
+  const fs::path ckpt = tmp("sigint.safetensors");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string save = ckpt.string();
+    execl(kBin.c_str(), kBin.c_str(), "train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
+          "--batch", "64", "--no-progress", "--save", save.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal instead of exiting";
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  ASSERT_TRUE(fs::exists(ckpt));
+  auto f = ampforge::load_safetensors(ckpt.string());
+  EXPECT_TRUE(f.contains("model.0.weight"));
+  EXPECT_FALSE(fs::exists(ckpt.string() + ".tmp"));
+}
