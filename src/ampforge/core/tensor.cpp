@@ -54,8 +54,11 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
 }
 
 MemoryFormat Tensor::suggest_memory_format() const {
-  if (dim() == 4 && !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::ChannelsLast;
-  return MemoryFormat::Contiguous;
+  if (dim() != 4 || !is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::Contiguous;
+  if (!is_contiguous()) return MemoryFormat::ChannelsLast;
+  // Both layouts describe the memory (e.g. C == 1, or H == W == 1): the strides themselves tell which
+  // one the tensor was made with, so a channels-last input with one channel keeps its layout downstream.
+  return strides()[1] < strides()[2] ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
 }
 
 void* Tensor::data_ptr() const {

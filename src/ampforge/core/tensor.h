@@ -82,7 +82,7 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
-  // ChannelsLast when 4-D and laid out so (and not also plain contiguous), else Contiguous.
+  // ChannelsLast when 4-D and laid out so (ties, e.g. one channel, go by the strides), else Contiguous.
   MemoryFormat suggest_memory_format() const;
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
   bool is_floating_point() const { return dtype_is_float(dtype()); }
