@@ -9,6 +9,7 @@ CommandList register_commands(CLI::App& app) {
   list.push_back(add_doctor_command(app));
   list.push_back(add_monitor_command(app));
   list.push_back(add_memory_command(app));
+  list.push_back(add_profile_command(app));
   return list;
 }
 

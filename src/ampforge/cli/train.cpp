@@ -1,10 +1,12 @@
 // `ampforge train`: trains a model on a real data set (default: the small CNN on Fashion-MNIST).
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
 #include "ampforge/models/models.h"
+#include "ampforge/profiler/report.h"
 #include "ampforge/train/trainer.h"
 
 namespace ampforge::cli {
@@ -52,6 +54,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--resume", c.resume, "Resume from this checkpoint");
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
   sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
+  sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");
+  sub->add_option("--profile-steps", c.profile_steps, "Profile only global steps A:B (B exclusive), e.g. 10:20");
+  sub->add_option("--trace", c.trace, "Write a Chrome trace (Perfetto, chrome://tracing) here; implies --profile");
   return {sub, [flags] {
             train::TrainConfig cfg = flags->cfg;
             cfg.precision = dtype_from_string(flags->precision);
@@ -70,6 +75,12 @@ Command add_train_command(CLI::App& app) {
               std::fprintf(stderr, "mixed precision: loss scale %.0f, skipped steps %lld, overflow events %lld\n",
                            r.loss_scale, static_cast<long long>(r.skipped_steps), static_cast<long long>(r.overflow_events));
             if (!r.stopped_reason.empty()) std::fprintf(stderr, "stopped: %s\n", r.stopped_reason.c_str());
+            std::optional<profiler::Report> prof;
+            if (r.profile) {
+              prof = profiler::compute_report(*r.profile);
+              std::fprintf(stderr, "\n%s", profiler::format_report(*prof).c_str());
+              if (!cfg.trace.empty()) std::fprintf(stderr, "trace: %s\n", cfg.trace.c_str());
+            }
             if (flags->json) {
               nlohmann::json j = {{"model", r.model},
                                   {"dataset", r.dataset},
@@ -91,6 +102,7 @@ Command add_train_command(CLI::App& app) {
                                   {"overflow_events", r.overflow_events},
                                   {"stopped_reason", r.stopped_reason},
                                   {"checkpoint", r.checkpoint}};
+              if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }
             if (r.interrupted) return 130;

@@ -148,7 +148,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   b->allocated = true;
   b->requested = nbytes;
   b->id = next_id_++;
-  live_.emplace(b->addr, b);
+  live_.insert(b->addr, b);
   ++stats_.num_allocs;
   stats_.requested.add(static_cast<int64_t>(nbytes));
   stats_.allocated.add(static_cast<int64_t>(b->size));
@@ -383,14 +383,14 @@ void CachingAllocator::remove_idle(Segment& s, size_t index) {
 void CachingAllocator::free(void* ptr) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == live_.end()) {
+  Block** found = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (found == nullptr) {
     log(LogLevel::Error, "allocator '{}': free of {} which it did not allocate (ignored; this is a bug)", name(),
         ptr);
     return;
   }
-  Block* b = it->second;
-  live_.erase(it);
+  Block* b = *found;
+  live_.erase(b->addr);
   ++stats_.num_frees;
   stats_.requested.sub(static_cast<int64_t>(b->requested));
   stats_.allocated.sub(static_cast<int64_t>(b->size));
@@ -470,9 +470,9 @@ void CachingAllocator::process_events(bool wait) {
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
-  AF_CHECK(it != live_.end(), "record_stream: {} is not a live allocation of allocator '{}'", ptr, name());
-  Block* b = it->second;
+  Block** found = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  AF_CHECK(found != nullptr, "record_stream: {} is not a live allocation of allocator '{}'", ptr, name());
+  Block* b = *found;
   if (stream != b->stream && std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end())
     b->uses.push_back(stream);
 }
@@ -739,7 +739,7 @@ std::string CachingAllocator::oom_report_locked(size_t nbytes, StreamId stream) 
   // The biggest live allocations: usually the tensors to look at first.
   std::vector<const Block*> live;
   live.reserve(live_.size());
-  for (const auto& kv : live_) live.push_back(kv.second);
+  live_.for_each([&](uintptr_t, const Block* blk) { live.push_back(blk); });
   const size_t top = std::min<size_t>(5, live.size());
   std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(top), live.end(),
                     [](const Block* x, const Block* y) { return x->requested > y->requested; });

@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/core/allocator.h"
+#include "ampforge/memory/fast_containers.h"
 #include "ampforge/memory/provider.h"
 #include "ampforge/memory/stats.h"
 
@@ -159,7 +160,7 @@ class CachingAllocator final : public Allocator {
       return a->addr < b->addr;
     }
   };
-  using FreeSet = std::set<Block*, BlockLess>;
+  using FreeSet = std::set<Block*, BlockLess, PoolAllocator<Block*>>;
   struct Granule {
     uint64_t handle = 0;
     uint32_t live = 0;  // live blocks touching it
@@ -223,8 +224,10 @@ class CachingAllocator final : public Allocator {
   size_t range_bytes_;
   size_t capacity_ = 0;  // the provider's, read once (0: unknown)
   mutable std::mutex mu_;
-  FreeSet small_free_, large_free_;
-  std::unordered_map<uintptr_t, Block*> live_;
+  NodePool nodes_;  // before the sets that use it
+  FreeSet small_free_{BlockLess{}, PoolAllocator<Block*>(&nodes_)};
+  FreeSet large_free_{BlockLess{}, PoolAllocator<Block*>(&nodes_)};
+  PtrMap<Block*> live_;
   std::vector<std::unique_ptr<Segment>> segments_;
   std::deque<Block> block_store_;
   std::vector<Block*> spare_blocks_;

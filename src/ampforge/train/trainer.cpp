@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,8 @@
 #include "ampforge/ops/ops.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/optim/lr_scheduler.h"
+#include "ampforge/profiler/chrome_trace.h"
+#include "ampforge/profiler/profiler.h"
 #include "ampforge/train/checkpoint.h"
 #include "ampforge/train/progress.h"
 #include "ampforge/util/log.h"
@@ -40,6 +43,23 @@ void install_sigint_handler() { std::signal(SIGINT, train_on_sigint); }
 
 namespace {
 
+// "A:B" -> [A, B); "A:" -> [A, end). B < 0 means no end.
+std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s) {
+  const size_t colon = s.find(':');
+  int64_t a = -1, b = -1;
+  size_t used_a = 0, used_b = 0;
+  try {
+    if (colon != std::string::npos && colon > 0) a = std::stoll(s.substr(0, colon), &used_a);
+    if (colon != std::string::npos && colon + 1 < s.size()) b = std::stoll(s.substr(colon + 1), &used_b);
+  } catch (const std::exception&) {
+    a = -1;
+  }
+  const bool ok = colon != std::string::npos && a >= 0 && used_a == colon &&
+                  (colon + 1 == s.size() || (used_b == s.size() - colon - 1 && b > a));
+  AF_CHECK(ok, "--profile-steps must be A:B with 0 <= A < B (global step numbers, B exclusive) or A:, got '{}'", s);
+  return {a, b};
+}
+
 void validate(const TrainConfig& c) {
   AF_CHECK(c.epochs >= 1, "--epochs must be >= 1, got {}", c.epochs);
   AF_CHECK(c.batch_size >= 1, "--batch must be >= 1, got {}", c.batch_size);
@@ -56,6 +76,7 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.clip_grad_norm >= 0, "--clip-grad must be >= 0");
   AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
   optim::schedule_from_string(c.schedule);
+  if (!c.profile_steps.empty()) parse_profile_steps(c.profile_steps);
 }
 
 std::string precision_name(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
@@ -73,6 +94,7 @@ struct Eval {
 };
 
 Eval evaluate(nn::Module& model, data::DataLoader& loader, DType precision) {
+  profiler::Range eval_range("eval", profiler::RangeKind::Phase);
   autograd::NoGradGuard ng;
   model.eval();
   loader.start_epoch(0);
@@ -209,6 +231,17 @@ TrainResult train(const TrainConfig& cfg_in) {
                  static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), r.precision.c_str(), get_num_threads());
 
   const bool use_autocast = cfg.precision != DType::F32;
+  std::unique_ptr<profiler::Session> prof;
+  std::pair<int64_t, int64_t> prof_steps{0, -1};
+  if (cfg.profile || !cfg.trace.empty()) {
+    if (!cfg.profile_steps.empty()) prof_steps = parse_profile_steps(cfg.profile_steps);
+    prof = std::make_unique<profiler::Session>();
+  }
+  auto profile_window = [&](int64_t step) {  // open or close the profiled window at a step boundary
+    if (!prof) return;
+    if (step >= prof_steps.first && (prof_steps.second < 0 || step < prof_steps.second)) prof->start();
+    else prof->pause();
+  };
   int64_t samples = 0;
   double train_seconds = 0;
   stop_requested().store(false);
@@ -221,16 +254,33 @@ TrainResult train(const TrainConfig& cfg_in) {
     int64_t epoch_samples = 0;
     double last_loss = 0;
     int64_t b_in_epoch = skip;
-    while (auto batch = train_loader.next()) {
-      sched.apply(pos.global_step);
-      opt->zero_grad();
+    for (;;) {
+      profile_window(pos.global_step);
+      const bool in_epoch = b_in_epoch < steps_per_epoch;  // else next() ends the epoch: not a step
+      profiler::Range step_range(in_epoch ? "step" : "epoch end",
+                                 in_epoch ? profiler::RangeKind::Step : profiler::RangeKind::User);
+      std::optional<data::Batch> batch;
+      {
+        profiler::Range data_range("data", profiler::RangeKind::DataWait);
+        batch = train_loader.next();
+      }
+      if (!batch) break;
+      {
+        profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
+        sched.apply(pos.global_step);
+        opt->zero_grad();
+      }
       Tensor loss;
       {
+        profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
         amp::Autocast ac(kCPU, use_autocast ? cfg.precision : DType::BF16, use_autocast);
         Tensor logits = (*model)(batch->x);
         loss = cross_entropy(logits, batch->y);
       }
-      const double lv = loss.item();
+      const double lv = [&] {
+        profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
+        return loss.item();
+      }();
       if (!std::isfinite(lv) && !scaler.is_enabled()) {
         if (cfg.nan_policy == "stop") {
           r.stopped_reason = fmt::format("non-finite loss ({}) at step {}", lv, pos.global_step);
@@ -239,7 +289,11 @@ TrainResult train(const TrainConfig& cfg_in) {
         }
         ++r.skipped_steps;  // skip: no backward, no step
       } else {
-        scaler.scale(loss).backward();
+        {
+          profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
+          scaler.scale(loss).backward();
+        }
+        profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
         if (cfg.clip_grad_norm > 0) {
           scaler.unscale_(*opt);
           optim::clip_grad_norm_(*opt, cfg.clip_grad_norm);
@@ -247,6 +301,7 @@ TrainResult train(const TrainConfig& cfg_in) {
         if (!scaler.step(*opt)) ++r.overflow_events;
         scaler.update();
       }
+      profiler::sample_memory();
       r.losses.push_back(lv);
       last_loss = lv;
       ++pos.global_step;
@@ -286,6 +341,11 @@ TrainResult train(const TrainConfig& cfg_in) {
     Eval ev = evaluate(*model, test_loader, cfg.precision);
     r.test_accuracy = ev.accuracy;
     r.test_loss = ev.loss;
+  }
+  if (prof) {
+    auto data = std::make_shared<profiler::ProfileData>(prof->stop());
+    if (!cfg.trace.empty()) profiler::write_chrome_trace(*data, cfg.trace);
+    r.profile = std::move(data);
   }
   r.steps = static_cast<int64_t>(r.losses.size());
   r.train_seconds = train_seconds;

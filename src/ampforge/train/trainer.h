@@ -5,11 +5,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ampforge/core/dtype.h"
 #include "ampforge/nn/module.h"
+#include "ampforge/profiler/profile_data.h"
 
 namespace ampforge::train {
 
@@ -43,6 +45,10 @@ struct TrainConfig {
   std::string resume;                      // checkpoint to resume from
   bool progress = true;
   bool verbose = true;                     // human summary on stderr
+  // Profiler (docs/PROFILER.md): ranges for every op, phase, data wait and host sync.
+  bool profile = false;                    // collect a profile (TrainResult::profile)
+  std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
+  std::string trace;                       // write a Chrome trace here (implies profile)
 };
 
 struct TrainResult {
@@ -59,6 +65,7 @@ struct TrainResult {
   bool interrupted = false;
   std::string stopped_reason;  // "" | "interrupted" | "max_steps" | "non-finite loss at step N"
   std::string checkpoint;      // path written, if any
+  std::shared_ptr<const profiler::ProfileData> profile;  // set when profiling was on
 };
 
 // Validates the config (throws InvalidArgument with the flag's name) and runs it.

@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ampforge/autograd/functions.h"
@@ -77,12 +80,36 @@ inline void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::st
   ASSERT_EQ(0, std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.nbytes()))) << what;
 }
 
+// Waits (bounded, best effort) until every pool worker has taken part in a job. Works around a race in
+// util/thread_pool.cpp: a worker that starts running only after stop() has bumped the generation counter
+// reads the bumped value as "seen", sleeps forever, and set_num_threads() hangs in join(). A worker that has
+// run a part is past that point. Remove once the pool captures the generation before spawning workers.
+inline void settle_pool() {
+  const int n = get_num_threads();
+  if (n <= 1) return;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::vector<std::thread::id> ids(static_cast<size_t>(n));
+    std::atomic<int> arrived{0};
+    parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ids[i] = std::this_thread::get_id();
+      arrived.fetch_add(1);
+      const auto t0 = std::chrono::steady_clock::now();
+      while (arrived.load() < n && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(20))
+        std::this_thread::yield();
+    });
+    std::sort(ids.begin(), ids.end());
+    if (std::unique(ids.begin(), ids.end()) == ids.end()) return;
+  }
+}
+
 // Runs fn with the given pool size and restores the previous one.
 template <class F>
 auto with_threads(int n, F&& fn) {
   const int prev = get_num_threads();
+  settle_pool();
   set_num_threads(n);
   auto r = fn();
+  settle_pool();
   set_num_threads(prev);
   return r;
 }
