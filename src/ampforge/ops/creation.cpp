@@ -99,7 +99,12 @@ Tensor contiguous(const Tensor& t, MemoryFormat format) {
   if (format == MemoryFormat::Preserve) format = t.suggest_memory_format();
   if (format == MemoryFormat::ChannelsLast)
     AF_CHECK(t.dim() == 4, "contiguous(ChannelsLast): needs a 4-D tensor, got shape {}", t.shape().str());
-  if (t.is_contiguous(format)) return t;
+  if (t.is_contiguous(format)) {
+    if (format != MemoryFormat::ChannelsLast || t.suggest_memory_format() == MemoryFormat::ChannelsLast) return t;
+    // The memory already is channels-last (size-1 dims make both layouts fit, e.g. one channel): only
+    // the strides change, so downstream ops see the layout that was asked for. No copy.
+    return t.as_strided_raw(t.shape(), channels_last_strides(t.shape()), t.offset());
+  }
   Tensor o = Tensor::empty(t.shape(), t.dtype(), t.device(), format);
   dispatch(OpId::copy, t.device(), {t}, {o});
   return o;

@@ -82,7 +82,10 @@ class ThreadPool {
   void start(int n) {
     num_threads_ = std::max(1, n);
     quit_ = false;
-    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+    // The generation a worker starts from is read here, not in the worker: a worker that first runs
+    // after a later bump (a job, or stop()) must see that bump as new, or it would sleep through it.
+    const uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
   }
 
   void stop() {
@@ -118,9 +121,8 @@ class ThreadPool {
     }
   }
 
-  void worker_loop() {
+  void worker_loop(uint64_t seen) {
     t_in_parallel = true;
-    uint64_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
       // Spin a little, then sleep.
       int spins = 0;
@@ -132,7 +134,7 @@ class ThreadPool {
       }
       if (generation_.load(std::memory_order_acquire) == seen) {
         std::unique_lock<std::mutex> lk(wake_mutex_);
-        wake_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        wake_cv_.wait(lk, [&] { return quit_.load() || generation_.load(std::memory_order_acquire) != seen; });
       }
       seen = generation_.load(std::memory_order_acquire);
       if (quit_) return;

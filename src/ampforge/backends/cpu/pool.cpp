@@ -86,9 +86,12 @@ void max_pool_forward(const Tensor& x, const Tensor& y, const Tensor& ind, const
   const int64_t C = in.C, win = a.kernel[0] * a.kernel[1];
 
   if (all_channels_last({&x, &y, &ind})) {
+    // Vectorised over C: the running argmax is kept as int32 (same lane count as float under AVX2) and
+    // widened to the int64 index output once per output pixel; the select is branch-free.
+    AF_CHECK(in.H * in.W < (int64_t{1} << 31), "max_pool2d: planes larger than 2^31 elements are not supported");
     parallel_for(in.N * out.H, grain_for(out.W * win * C), [&](int64_t r0, int64_t r1) {
       std::vector<A> row(C), best(C);
-      std::vector<int64_t> arg(C);
+      std::vector<int32_t> arg(C);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = r / out.H, oh = r % out.H;
         int64_t h0, h1;
@@ -96,21 +99,32 @@ void max_pool_forward(const Tensor& x, const Tensor& y, const Tensor& ind, const
         for (int64_t ow = 0; ow < out.W; ++ow) {
           int64_t w0, w1;
           ww.range(ow, w0, w1);
-          std::fill(best.begin(), best.end(), ninf);
-          std::fill(arg.begin(), arg.end(), h0 * in.W + w0);
+          A* bp = best.data();
+          int32_t* ap = arg.data();
+          for (int64_t c = 0; c < C; ++c) {
+            bp[c] = ninf;
+            ap[c] = static_cast<int32_t>(h0 * in.W + w0);
+          }
           for (int64_t ih = h0; ih < h1; ih += wh.d)
             for (int64_t iw = w0; iw < w1; iw += ww.d) {
-              load_n<S, A>(xp + ((n * in.H + ih) * in.W + iw) * C, row.data(), C);
-              const int64_t idx = ih * in.W + iw;
-              for (int64_t c = 0; c < C; ++c)
-                if (row[c] > best[c] || std::isnan(row[c])) {
-                  best[c] = row[c];
-                  arg[c] = idx;
-                }
+              const S* src = xp + ((n * in.H + ih) * in.W + iw) * C;
+              const A* v;
+              if constexpr (std::is_same_v<S, A>) {
+                v = src;  // F32/F64: read the tensor directly
+              } else {
+                load_n<S, A>(src, row.data(), C);
+                v = row.data();
+              }
+              const int32_t idx = static_cast<int32_t>(ih * in.W + iw);
+              for (int64_t c = 0; c < C; ++c) {  // NaN wins, as in PyTorch (v != v)
+                const bool take = (v[c] > bp[c]) | (v[c] != v[c]);
+                bp[c] = take ? v[c] : bp[c];
+                ap[c] = take ? idx : ap[c];
+              }
             }
           const int64_t o = (r * out.W + ow) * C;
-          store_n<S, A>(best.data(), yp + o, C);
-          std::copy(arg.begin(), arg.end(), ip + o);
+          store_n<S, A>(bp, yp + o, C);
+          for (int64_t c = 0; c < C; ++c) ip[o + c] = ap[c];
         }
       }
     });
@@ -148,7 +162,7 @@ void max_pool_forward(const Tensor& x, const Tensor& y, const Tensor& ind, const
 // grad_in (N, C, H, W) = scatter-add of grad_out at the saved indices. An index outside the plane (only
 // possible for a window with no in-bounds position, whose output is -inf) contributes nothing.
 template <class S>
-void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx) {
+void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx, const Pool2dAttrs& a) {
   using A = compute_t<S>;
   const Dims4 in = dims_of(gx), out = dims_of(gy);
   const S* gyp = static_cast<const S*>(gy.data_ptr());
@@ -156,6 +170,40 @@ void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx) {
   S* gxp = static_cast<S*>(gx.data_ptr());
   const int64_t C = in.C, HW = in.H * in.W, OHW = out.H * out.W;
 
+  if (all_channels_last({&gy, &ind, &gx}) && a.kernel[0] * a.kernel[1] <= 64) {
+    // Gather form, vectorised over C: every output pixel adds its gradient to each position of its window
+    // whose index matches (a select, no scatter), so windows that overlap still accumulate correctly.
+    const MaxWindow wh{a.kernel[0], a.stride[0], a.padding[0], a.dilation[0], in.H};
+    const MaxWindow ww{a.kernel[1], a.stride[1], a.padding[1], a.dilation[1], in.W};
+    parallel_for(in.N, grain_for(OHW * C), [&](int64_t n0, int64_t n1) {
+      std::vector<A> acc(HW * C), g(C);
+      std::vector<int32_t> idx32(C);
+      for (int64_t n = n0; n < n1; ++n) {
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t oh = 0; oh < out.H; ++oh) {
+          int64_t h0, h1;
+          wh.range(oh, h0, h1);
+          for (int64_t ow = 0; ow < out.W; ++ow) {
+            int64_t w0, w1;
+            ww.range(ow, w0, w1);
+            const int64_t o = ((n * out.H + oh) * out.W + ow) * C;
+            load_n<S, A>(gyp + o, g.data(), C);
+            for (int64_t c = 0; c < C; ++c) idx32[c] = static_cast<int32_t>(ip[o + c]);
+            const A* gp = g.data();
+            const int32_t* xp = idx32.data();
+            for (int64_t ih = h0; ih < h1; ih += wh.d)
+              for (int64_t iw = w0; iw < w1; iw += ww.d) {
+                const int32_t here = static_cast<int32_t>(ih * in.W + iw);
+                A* dst = acc.data() + (ih * in.W + iw) * C;
+                for (int64_t c = 0; c < C; ++c) dst[c] += xp[c] == here ? gp[c] : A(0);
+              }
+          }
+        }
+        store_n<S, A>(acc.data(), gxp + n * HW * C, HW * C);
+      }
+    });
+    return;
+  }
   if (all_channels_last({&gy, &ind, &gx})) {
     parallel_for(in.N, grain_for(OHW * C), [&](int64_t n0, int64_t n1) {
       std::vector<A> acc(HW * C), g(C);
@@ -413,7 +461,7 @@ void max_pool2d_kernel(const KernelArgs& k) {
 // inputs: grad_out, indices; outputs: grad_in.
 void max_pool2d_backward_kernel(const KernelArgs& k) {
   visit_float(k.out(0).dtype(), "max_pool2d_backward",
-              [&](auto tag) { max_pool_backward<decltype(tag)>(k.in(0), k.in(1), k.out(0)); });
+              [&](auto tag) { max_pool_backward<decltype(tag)>(k.in(0), k.in(1), k.out(0), k.attr<Pool2dAttrs>()); });
 }
 
 // inputs: x; outputs: y.

@@ -72,58 +72,72 @@ void store_d(S* p, double v) {
     *p = static_cast<S>(v);
 }
 
-// Generic path: one output at a time.
+// Generic path: one output at a time. The reduced index space is walked as (outer reduced index) x
+// (innermost reduced dim): offsets are computed once per inner run, and the inner run is a strided
+// loop (unit stride when the reduced dim is contiguous), so the cost per element is one load and add.
 template <class S>
 void reduce_generic(const Tensor& x, const Tensor& out, const RedPlan& p, RedKind kind, int64_t correction) {
   const S* xp = static_cast<const S*>(x.data_ptr());
   const bool arg = kind == RedKind::ArgMax || kind == RedKind::ArgMin;
+  const bool is_max = kind == RedKind::Max || kind == RedKind::ArgMax;
+  // Innermost reduced dim as the run; the rest as the outer reduced space.
+  const int nr = static_cast<int>(p.red_shape.size());
+  const int64_t run = nr > 0 ? p.red_shape[nr - 1] : 1;
+  const int64_t run_stride = nr > 0 ? p.red_xstride[nr - 1] : 0;
+  std::vector<int64_t> outer_shape(p.red_shape.begin(), p.red_shape.begin() + std::max(nr - 1, 0));
+  std::vector<int64_t> outer_stride(p.red_xstride.begin(), p.red_xstride.begin() + std::max(nr - 1, 0));
+  const int64_t n_outer = p.n_red / std::max<int64_t>(run, 1);
+  // Visits every reduced element of one output in a fixed order: f(value, linear reduced index).
+  auto visit = [&](const S* base, auto&& f) {
+    for (int64_t ro = 0; ro < n_outer; ++ro) {
+      const S* q = base + offset_of(ro, outer_shape, outer_stride);
+      const int64_t lin0 = ro * run;
+      if (run_stride == 1) {
+        for (int64_t i = 0; i < run; ++i) f(load_d(q + i), lin0 + i);
+      } else {
+        for (int64_t i = 0; i < run; ++i) f(load_d(q + i * run_stride), lin0 + i);
+      }
+    }
+  };
   parallel_for(p.n_out, std::max<int64_t>(1, 16384 / std::max<int64_t>(p.n_red, 1)), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
       const S* base = xp + offset_of(o, p.kept_shape, p.kept_xstride);
       const int64_t ooff = offset_of(o, p.kept_shape, p.kept_ostride);
-      double acc = 0, best = 0;
-      int64_t best_i = 0;
-      bool nan_seen = false;
       if (kind == RedKind::Var) {
-        double mean = 0;
-        for (int64_t r = 0; r < p.n_red; ++r) mean += load_d(base + offset_of(r, p.red_shape, p.red_xstride));
+        double mean = 0, acc = 0;
+        visit(base, [&](double v, int64_t) { mean += v; });
         mean /= static_cast<double>(std::max<int64_t>(p.n_red, 1));
-        for (int64_t r = 0; r < p.n_red; ++r) {
-          const double dv = load_d(base + offset_of(r, p.red_shape, p.red_xstride)) - mean;
-          acc += dv * dv;
-        }
+        visit(base, [&](double v, int64_t) { acc += (v - mean) * (v - mean); });
         const double denom = static_cast<double>(p.n_red - correction);
         store_d(static_cast<S*>(out.data_ptr()) + ooff,
                 denom > 0 ? acc / denom : std::numeric_limits<double>::quiet_NaN());
         continue;
       }
-      for (int64_t r = 0; r < p.n_red; ++r) {
-        const double v = load_d(base + offset_of(r, p.red_shape, p.red_xstride));
-        switch (kind) {
-          case RedKind::Sum:
-          case RedKind::Mean: acc += v; break;
-          default: {
-            const bool better = (kind == RedKind::Max || kind == RedKind::ArgMax) ? v > best : v < best;
-            if (nan_seen) break;
-            if (v != v) {  // NaN wins, as in PyTorch
-              nan_seen = true;
-              best = v;
-              best_i = r;
-            } else if (r == 0 || better) {
-              best = v;
-              best_i = r;
-            }
-          }
-        }
-      }
-      if (arg) {
-        static_cast<int64_t*>(out.data_ptr())[ooff] = best_i;
-      } else if (kind == RedKind::Max || kind == RedKind::Min) {
-        store_d(static_cast<S*>(out.data_ptr()) + ooff, best);
-      } else {
+      if (kind == RedKind::Sum || kind == RedKind::Mean) {
+        double acc = 0;
+        visit(base, [&](double v, int64_t) { acc += v; });
         if (kind == RedKind::Mean) acc /= static_cast<double>(p.n_red);
         store_d(static_cast<S*>(out.data_ptr()) + ooff, acc);
+        continue;
       }
+      double best = 0;
+      int64_t best_i = -1;
+      bool nan_seen = false;
+      visit(base, [&](double v, int64_t r) {
+        if (nan_seen) return;
+        if (v != v) {  // NaN wins, as in PyTorch
+          nan_seen = true;
+          best = v;
+          best_i = r;
+        } else if (best_i < 0 || (is_max ? v > best : v < best)) {
+          best = v;
+          best_i = r;
+        }
+      });
+      if (arg)
+        static_cast<int64_t*>(out.data_ptr())[ooff] = best_i;
+      else
+        store_d(static_cast<S*>(out.data_ptr()) + ooff, best);
     }
   });
 }

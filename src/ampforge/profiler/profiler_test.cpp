@@ -1,0 +1,133 @@
+// Ranges, sessions and the dispatch observer, recorded for real (real threads, real op dispatches).
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "ampforge/autograd/functions.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/profiler/device.h"
+#include "ampforge/profiler/profiler.h"
+#include "ampforge/profiler/report.h"
+#include "ampforge/util/error.h"
+
+namespace ampforge::profiler {
+namespace {
+
+void profiled_helper() {
+  AF_PROFILE_FUNCTION();
+  AF_PROFILE_RANGE("inner");
+}
+
+const HostRange* find(const ProfileData& d, const std::string& name) {
+  for (const auto& r : d.ranges)
+    if (r.name == name) return &r;
+  return nullptr;
+}
+
+TEST(Profiler, RangesNestPerThreadAndOpsAreRecorded) {
+  EXPECT_FALSE(recording());
+  profiled_helper();  // no session: records nothing
+  Session s(SessionOptions{.device = false});
+  s.start();
+  EXPECT_TRUE(recording());
+  profiled_helper();
+  Tensor a = ops::full({64}, 1.0), b = ops::full({64}, 2.0);
+  {
+    AF_PROFILE_RANGE_KIND("forward", Phase);
+    Tensor c = add(a, b);
+    EXPECT_DOUBLE_EQ(sum(c).item(), 192.0);
+  }
+  std::thread worker([] {
+    set_thread_name("worker");
+    AF_PROFILE_RANGE("on worker");
+  });
+  worker.join();
+  counter("allocated", 5.0);
+  const ProfileData d = s.stop();
+  EXPECT_FALSE(recording());
+
+  const HostRange* fn = find(d, "profiled_helper");
+  const HostRange* inner = find(d, "inner");
+  ASSERT_NE(fn, nullptr);
+  ASSERT_NE(inner, nullptr);
+  EXPECT_LE(fn->begin_ns, inner->begin_ns);
+  EXPECT_GE(fn->end_ns, inner->end_ns);
+  EXPECT_EQ(fn->tid, current_tid());
+  const HostRange* op = find(d, "add");
+  ASSERT_NE(op, nullptr) << "the dispatch observer did not record the add op";
+  EXPECT_EQ(op->kind, RangeKind::Op);
+  const HostRange* fwd = find(d, "forward");
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_LE(fwd->begin_ns, op->begin_ns);
+  EXPECT_GE(fwd->end_ns, op->end_ns);
+  const HostRange* w = find(d, "on worker");
+  ASSERT_NE(w, nullptr);
+  EXPECT_NE(w->tid, current_tid());
+  EXPECT_EQ(d.thread_names.at(w->tid), "worker");
+  EXPECT_EQ(d.thread_names.at(current_tid()), "main");
+  ASSERT_EQ(d.windows.size(), 1u);
+  EXPECT_GE(d.wall_ns(), fn->duration_ns());
+  bool found_counter = false;
+  for (const auto& c : d.counters) found_counter |= c.name == "allocated" && c.value == 5.0;
+  EXPECT_TRUE(found_counter);
+  EXPECT_TRUE(d.memory.valid);
+  EXPECT_GT(d.memory.peak_allocated, 0);
+
+  const Report r = compute_report(d);
+  EXPECT_GE(r.op_calls, 2);  // add + sum (+ the fills)
+  EXPECT_LE(r.op_self_ns, r.wall_ns);
+}
+
+TEST(Profiler, PauseStopsRecordingAndWindowsAddUp) {
+  Session s(SessionOptions{.device = false});
+  s.start();
+  { AF_PROFILE_RANGE("first"); }
+  s.pause();
+  { AF_PROFILE_RANGE("while paused"); }
+  s.start();
+  { AF_PROFILE_RANGE("second"); }
+  const ProfileData d = s.stop();
+  EXPECT_NE(find(d, "first"), nullptr);
+  EXPECT_NE(find(d, "second"), nullptr);
+  EXPECT_EQ(find(d, "while paused"), nullptr);
+  ASSERT_EQ(d.windows.size(), 2u);
+  EXPECT_LE(d.windows[0].second, d.windows[1].first);
+}
+
+TEST(Profiler, OneSessionAtATimeAndFreshBuffers) {
+  {
+    Session s(SessionOptions{.device = false});
+    EXPECT_THROW(Session(SessionOptions{.device = false}), Error);
+    s.start();
+    { AF_PROFILE_RANGE("old session"); }
+  }  // destroyed without stop(): data dropped, observer removed
+  Session s(SessionOptions{.device = false});
+  s.start();
+  const ProfileData d = s.stop();
+  EXPECT_EQ(find(d, "old session"), nullptr);
+}
+
+// "The injection library builds whenever CUDA is present": with CUPTI's header in the toolkit, the build
+// must have produced the library, and it must export the entry points.
+TEST(Profiler, CuptiInjectionLibraryBuiltWhenCudaIsPresent) {
+  struct stat st {};
+  const bool cupti_headers = ::stat("/usr/local/cuda/include/cupti.h", &st) == 0;
+#ifdef AMPFORGE_CUPTI_INJECTION
+  void* h = dlopen(AMPFORGE_CUPTI_INJECTION, RTLD_LAZY | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  EXPECT_NE(dlsym(h, "InitializeInjection"), nullptr);
+  EXPECT_NE(dlsym(h, "ampforge_cupti_start"), nullptr);
+  EXPECT_NE(dlsym(h, "ampforge_cupti_stop"), nullptr);
+  EXPECT_EQ(cupti_injection_library(), AMPFORGE_CUPTI_INJECTION);
+  dlclose(h);
+#else
+  EXPECT_FALSE(cupti_headers) << "CUPTI headers are installed but the injection library was not built";
+  GTEST_SKIP() << "no CUDA toolkit with CUPTI at build time";
+#endif
+}
+
+}  // namespace
+}  // namespace ampforge::profiler
