@@ -4,8 +4,8 @@
 //   off        the same step with the trainer's ranges (step, data, forward, backward, optimizer, sync),
 //              no session: each range is one relaxed atomic load and a branch
 //   on         the instrumented step inside a recording session (every op dispatch is a range too)
-// Prints median step times and the overheads; also the cost of one range off / on. Never pass/fail.
-// Usage: profiler_overhead [--steps N] [--rounds N] [--batch N] [--threads N]
+// Prints median and minimum step times and the overheads; also the cost of one range off / on. Never pass/fail.
+// Usage: profiler_overhead [--steps N] [--rounds N] [--batch N] [--threads N]  (rounds x steps steps each)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +29,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 10, rounds = 5, threads = af::get_num_threads();
+  int steps = 5, rounds = 4, threads = af::get_num_threads();
   int64_t batch = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
@@ -84,25 +84,26 @@ int main(int argc, char** argv) {
     opt.step();
   };
   auto timed = [&](auto&& fn, std::vector<double>& out) {
-    for (int i = 0; i < steps; ++i) {
-      const int64_t t = af::now_ns();
-      fn();
-      out.push_back(static_cast<double>(af::now_ns() - t) * 1e-6);
-    }
+    const int64_t t = af::now_ns();
+    fn();
+    out.push_back(static_cast<double>(af::now_ns() - t) * 1e-6);
   };
 
   for (int i = 0; i < 3; ++i) plain_step();  // warm-up: allocations, thread pool, caches
+  // Variants alternate step by step, so load from other processes and thermal drift hit all three alike.
   std::vector<double> plain, off, on;
-  prof::Session session(prof::SessionOptions{.device = false});
   size_t ranges = 0;
-  for (int r = 0; r < rounds; ++r) {
-    timed(plain_step, plain);
-    timed(instrumented_step, off);
-    session.start();
-    timed(instrumented_step, on);
-    session.pause();
+  {
+    prof::Session session(prof::SessionOptions{.device = false});
+    for (int i = 0; i < rounds * steps; ++i) {
+      timed(plain_step, plain);
+      timed(instrumented_step, off);
+      session.start();
+      timed(instrumented_step, on);
+      session.pause();
+    }
+    ranges = session.stop().ranges.size();
   }
-  ranges = session.stop().ranges.size();
 
   // Cost of one range: a tight loop with no session, then with one recording.
   constexpr int kOff = 10'000'000, kOn = 200'000;
@@ -124,14 +125,17 @@ int main(int argc, char** argv) {
   }
 
   const double mp = median(plain), moff = median(off), mon = median(on);
+  const double np = *std::min_element(plain.begin(), plain.end()), noff = *std::min_element(off.begin(), off.end()),
+               non = *std::min_element(on.begin(), on.end());
   const double per_step = static_cast<double>(ranges) / static_cast<double>(rounds * steps);
-  std::printf("profiler overhead: small CNN, batch %lld, AdamW, %d threads, %d rounds x %d steps per variant\n",
-              static_cast<long long>(batch), threads, rounds, steps);
-  std::printf("  %-34s %10.3f ms/step\n", "plain (no ranges)", mp);
-  std::printf("  %-34s %10.3f ms/step  %+6.2f%% vs plain\n", "profiling off (ranges, no session)", moff,
-              100.0 * (moff - mp) / mp);
-  std::printf("  %-34s %10.3f ms/step  %+6.2f%% vs off\n", "profiling on (session recording)", mon,
-              100.0 * (mon - moff) / moff);
+  std::printf("profiler overhead: small CNN, batch %lld, AdamW, %d threads, %d steps per variant (alternating)\n",
+              static_cast<long long>(batch), threads, rounds * steps);
+  std::printf("  %-34s %10s %10s\n", "", "median ms", "min ms");
+  std::printf("  %-34s %10.3f %10.3f\n", "plain (no ranges)", mp, np);
+  std::printf("  %-34s %10.3f %10.3f   off vs plain: %+.2f%% (median) %+.2f%% (min)\n",
+              "profiling off (ranges, no session)", moff, noff, 100.0 * (moff - mp) / mp, 100.0 * (noff - np) / np);
+  std::printf("  %-34s %10.3f %10.3f   on vs off:    %+.2f%% (median) %+.2f%% (min)\n",
+              "profiling on (session recording)", mon, non, 100.0 * (mon - moff) / moff, 100.0 * (non - noff) / noff);
   std::printf("  ranges recorded per step: %.0f; one range costs %.2f ns off, %.1f ns on\n", per_step, ns_off, ns_on);
   std::printf("  predicted on-overhead from range cost: %.4f%% of a step\n", 100.0 * per_step * ns_on * 1e-6 / moff);
   return sink == 12345.678 ? 1 : 0;  // keeps the loss reads alive

@@ -96,6 +96,7 @@ Command add_train_command(CLI::App& app) {
                                   {"data_wait_seconds", r.data_wait_seconds},
                                   {"wall_seconds", r.wall_seconds},
                                   {"peak_memory_bytes", r.peak_memory_bytes},
+                                  {"memory", r.memory_stats_json.empty() ? nlohmann::json() : nlohmann::json::parse(r.memory_stats_json)},
                                   {"epoch_accuracy", r.epoch_accuracy},
                                   {"loss_scale", r.loss_scale},
                                   {"skipped_steps", r.skipped_steps},

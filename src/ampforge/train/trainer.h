@@ -56,7 +56,8 @@ struct TrainResult {
   int64_t epochs_completed = 0, steps = 0, parameters = 0;
   double test_accuracy = 0, test_loss = 0, final_train_loss = 0;
   double train_samples_per_sec = 0, wall_seconds = 0, train_seconds = 0, data_wait_seconds = 0;
-  int64_t peak_memory_bytes = 0;
+  int64_t peak_memory_bytes = 0;   // peak reserved by the caching allocator (bytes held from the OS)
+  std::string memory_stats_json;   // the allocator's full statistics (memory/stats.h), as JSON
   std::vector<double> losses;         // training loss per step (this run)
   std::vector<double> epoch_accuracy;  // test accuracy after each epoch (this run)
   // Mixed precision
