@@ -52,6 +52,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_flag("--no-channels-last", flags->no_channels_last, "Use NCHW activations instead of channels-last");
   sub->add_option("--save", c.save, "Checkpoint file (safetensors), written after each epoch and on Ctrl-C");
   sub->add_option("--resume", c.resume, "Resume from this checkpoint");
+  sub->add_option("--memory-trace", c.memory_trace,
+                  "Record every allocation and free to this file (replay it with `ampforge memory replay`)");
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
   sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
   sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");

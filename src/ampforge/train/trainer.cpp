@@ -132,6 +132,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   // every iteration, and the cache turns those into hits instead of page-faulting fresh memory.
   memory::install_host_caching_allocator();
   if (auto* ca = memory::installed_caching_allocator()) ca->reset_peak_stats();
+  if (!cfg.memory_trace.empty()) memory::trace_start(cfg.memory_trace);
 
   // ---- data
   std::shared_ptr<data::Dataset> train_ds, test_ds;
@@ -311,6 +312,7 @@ TrainResult train(const TrainConfig& cfg_in) {
       r.losses.push_back(lv);
       last_loss = lv;
       ++pos.global_step;
+      if (!cfg.memory_trace.empty()) memory::step();  // a step boundary in the trace and the timeline
       ++b_in_epoch;
       epoch_samples += batch->y.numel();
       bar.update(b_in_epoch, fmt::format("loss {:.4f} {:.0f} samples/s", lv,
@@ -358,6 +360,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   r.train_samples_per_sec = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
   r.data_wait_seconds = train_loader.wait_seconds();
   r.wall_seconds = wall.seconds();
+  if (!cfg.memory_trace.empty()) memory::trace_stop();
   if (auto st = memory::allocator_stats()) {
     r.peak_memory_bytes = st->reserved.peak;
     r.memory_stats_json = memory::stats_to_json(*st).dump();

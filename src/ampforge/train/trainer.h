@@ -43,6 +43,7 @@ struct TrainConfig {
   int64_t eval_batch_size = 1000;
   std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
   std::string resume;                      // checkpoint to resume from
+  std::string memory_trace;                // record every allocation/free here (ampforge-memtrace v1)
   bool progress = true;
   bool verbose = true;                     // human summary on stderr
   // Profiler (docs/PROFILER.md): ranges for every op, phase, data wait and host sync.
