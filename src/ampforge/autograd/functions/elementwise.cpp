@@ -90,13 +90,14 @@ Tensor binary_fwd(OpId op, Tensor a, Tensor b) {
   return out;
 }
 
-// Unary op whose backward is g * f'(saved) computed by a registered backward kernel.
-Tensor unary_kernel_grad(OpId op, OpId bwd, Tensor x, bool save_output, const char* name, const void* attrs,
-                         const void* bwd_attrs_copy_src = nullptr) {
+// Unary op whose backward is g * f'(saved) computed by a registered backward kernel. `gelu` carries the
+// GELU variant to both kernels; the other activations have no parameters.
+Tensor unary_kernel_grad(OpId op, OpId bwd, Tensor x, bool save_output, const char* name,
+                         const GeluAttrs* gelu = nullptr) {
   autograd::autocast_inputs(op, {&x});
-  Tensor out = ops::unary(op, x, attrs);
+  Tensor out = ops::unary(op, x, gelu);
   if (!needs_grad({&x})) return out;
-  GeluAttrs gat = bwd_attrs_copy_src ? *static_cast<const GeluAttrs*>(bwd_attrs_copy_src) : GeluAttrs{};
+  const GeluAttrs gat = gelu ? *gelu : GeluAttrs{};
   record(name, {x}, {out}, [bwd, gat, S = SavedTensor(save_output ? out : x)](const Grads& g) -> Grads {
     return {ops::pointwise_backward(bwd, g[0], S.get(), &gat)};
   });
@@ -194,15 +195,15 @@ Tensor rsqrt(const Tensor& x_in) {
   return out;
 }
 
-Tensor relu(const Tensor& x) { return unary_kernel_grad(OpId::relu, OpId::relu_backward, x, true, "ReluBackward", nullptr); }
+Tensor relu(const Tensor& x) { return unary_kernel_grad(OpId::relu, OpId::relu_backward, x, true, "ReluBackward"); }
 Tensor sigmoid(const Tensor& x) {
-  return unary_kernel_grad(OpId::sigmoid, OpId::sigmoid_backward, x, true, "SigmoidBackward", nullptr);
+  return unary_kernel_grad(OpId::sigmoid, OpId::sigmoid_backward, x, true, "SigmoidBackward");
 }
-Tensor tanh(const Tensor& x) { return unary_kernel_grad(OpId::tanh, OpId::tanh_backward, x, true, "TanhBackward", nullptr); }
-Tensor silu(const Tensor& x) { return unary_kernel_grad(OpId::silu, OpId::silu_backward, x, false, "SiluBackward", nullptr); }
+Tensor tanh(const Tensor& x) { return unary_kernel_grad(OpId::tanh, OpId::tanh_backward, x, true, "TanhBackward"); }
+Tensor silu(const Tensor& x) { return unary_kernel_grad(OpId::silu, OpId::silu_backward, x, false, "SiluBackward"); }
 Tensor gelu(const Tensor& x, GeluApprox approximate) {
   GeluAttrs at{approximate};
-  return unary_kernel_grad(OpId::gelu, OpId::gelu_backward, x, false, "GeluBackward", &at, &at);
+  return unary_kernel_grad(OpId::gelu, OpId::gelu_backward, x, false, "GeluBackward", &at);
 }
 
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {

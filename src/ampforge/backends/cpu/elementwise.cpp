@@ -14,9 +14,8 @@ namespace {
 
 // ---- helpers -------------------------------------------------------------------------------------
 
-template <class T, class F>
+template <class F>
 void unary_float(const KernelArgs& a, const char* what, F f) {
-  (void)sizeof(T);
   visit_float(a.out(0).dtype(), what, [&](auto tag) {
     using S = decltype(tag);
     using A = compute_t<S>;
@@ -248,24 +247,24 @@ void register_elementwise_cpu() {
   reg(OpId::sign, [](const KernelArgs& a) {
     unary_arith(a, "sign", [](auto x) { return static_cast<decltype(x)>((x > 0) - (x < 0)); });
   });
-  reg(OpId::exp, [](const KernelArgs& a) { unary_float<float>(a, "exp", [](auto x) { return std::exp(x); }); });
-  reg(OpId::log, [](const KernelArgs& a) { unary_float<float>(a, "log", [](auto x) { return std::log(x); }); });
-  reg(OpId::sqrt, [](const KernelArgs& a) { unary_float<float>(a, "sqrt", [](auto x) { return std::sqrt(x); }); });
+  reg(OpId::exp, [](const KernelArgs& a) { unary_float(a, "exp", [](auto x) { return std::exp(x); }); });
+  reg(OpId::log, [](const KernelArgs& a) { unary_float(a, "log", [](auto x) { return std::log(x); }); });
+  reg(OpId::sqrt, [](const KernelArgs& a) { unary_float(a, "sqrt", [](auto x) { return std::sqrt(x); }); });
   reg(OpId::rsqrt, [](const KernelArgs& a) {
-    unary_float<float>(a, "rsqrt", [](auto x) { return decltype(x)(1) / std::sqrt(x); });
+    unary_float(a, "rsqrt", [](auto x) { return decltype(x)(1) / std::sqrt(x); });
   });
   reg(OpId::relu, [](const KernelArgs& a) {
-    unary_float<float>(a, "relu", [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); });
+    unary_float(a, "relu", [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); });
   });
   reg(OpId::gelu, [](const KernelArgs& a) {
     if (a.attr<GeluAttrs>().approximate == GeluApprox::Tanh)
-      unary_float<float>(a, "gelu", [](auto x) { return gelu_tanh(x); });
+      unary_float(a, "gelu", [](auto x) { return gelu_tanh(x); });
     else
-      unary_float<float>(a, "gelu", [](auto x) { return gelu_erf(x); });
+      unary_float(a, "gelu", [](auto x) { return gelu_erf(x); });
   });
-  reg(OpId::silu, [](const KernelArgs& a) { unary_float<float>(a, "silu", [](auto x) { return x * sigmoid_fn(x); }); });
-  reg(OpId::sigmoid, [](const KernelArgs& a) { unary_float<float>(a, "sigmoid", [](auto x) { return sigmoid_fn(x); }); });
-  reg(OpId::tanh, [](const KernelArgs& a) { unary_float<float>(a, "tanh", [](auto x) { return std::tanh(x); }); });
+  reg(OpId::silu, [](const KernelArgs& a) { unary_float(a, "silu", [](auto x) { return x * sigmoid_fn(x); }); });
+  reg(OpId::sigmoid, [](const KernelArgs& a) { unary_float(a, "sigmoid", [](auto x) { return sigmoid_fn(x); }); });
+  reg(OpId::tanh, [](const KernelArgs& a) { unary_float(a, "tanh", [](auto x) { return std::tanh(x); }); });
   reg(OpId::add_scalar, [](const KernelArgs& a) {
     const double s = a.attr<ScalarAttrs>().scalar;
     unary_arith(a, "add", [s](auto x) { return static_cast<decltype(x)>(x + static_cast<decltype(x)>(s)); });
@@ -277,9 +276,9 @@ void register_elementwise_cpu() {
   reg(OpId::pow_scalar, [](const KernelArgs& a) {
     const double s = a.attr<ScalarAttrs>().scalar;
     if (s == 2.0)
-      unary_float<float>(a, "pow", [](auto x) { return x * x; });
+      unary_float(a, "pow", [](auto x) { return x * x; });
     else
-      unary_float<float>(a, "pow", [s](auto x) { return std::pow(x, static_cast<decltype(x)>(s)); });
+      unary_float(a, "pow", [s](auto x) { return std::pow(x, static_cast<decltype(x)>(s)); });
   });
   reg(OpId::clamp, [](const KernelArgs& a) {
     const auto at = a.attr<ClampAttrs>();

@@ -32,15 +32,7 @@ BlasMat<T> as_blas(const MatRef& m, int64_t rows, int64_t cols) {
     b.ptr = p;
     b.trans = CblasTrans;
     b.ld = m.cs;
-  } else if (cols == 1 || rows == 1) {
-    // vectors: any stride works after packing; cheap
-    b.packed.resize(static_cast<size_t>(rows * cols));
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) b.packed[i * cols + j] = p[i * m.rs + j * m.cs];
-    b.ptr = b.packed.data();
-    b.trans = CblasNoTrans;
-    b.ld = std::max<int64_t>(cols, 1);
-  } else {
+  } else {  // neither stride is unit (or a vector with an odd stride): pack row-major
     b.packed.resize(static_cast<size_t>(rows * cols));
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) b.packed[i * cols + j] = p[i * m.rs + j * m.cs];

@@ -52,12 +52,11 @@ void adamw_kernel(const KernelArgs& a) {
   float* m2 = static_cast<float*>(a.out(2).data_ptr());
   const double bc1 = 1.0 - std::pow(at.beta1, static_cast<double>(at.step));
   const double bc2 = 1.0 - std::pow(at.beta2, static_cast<double>(at.step));
-  const float lr = static_cast<float>(at.lr), b1 = static_cast<float>(at.beta1), b2 = static_cast<float>(at.beta2);
+  const float b1 = static_cast<float>(at.beta1), b2 = static_cast<float>(at.beta2);
   const float decay = static_cast<float>(1.0 - at.lr * at.weight_decay);
   const float step_size = static_cast<float>(at.lr / bc1);
   const float sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(at.eps);
-  (void)lr;
   parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
     with_grad_floats(a.in(0), b, e, [&](int64_t c, int64_t m, const float* g) {
       float* pp = p + c;
