@@ -121,15 +121,30 @@ struct AttentionAttrs {
 // Fused optimizer steps over flat buffers. Inputs: param, grad, state buffers..., and optionally a
 // one-element F32 `found_inf` tensor: when it holds a non-zero value the step is skipped on the device
 // (GradScaler), leaving every buffer untouched.
+//
+// Master-weight mode: an extra output holds the 16-bit model copy, written from the updated F32 master.
+// BF16 copies can be written with stochastic rounding: the F32 value rounds up to the next BF16 value
+// with probability equal to the dropped fraction, so the copy is an unbiased estimate of the master
+// (E[bf16] = f32) instead of a deterministic nearest value. The noise for flat element i is word i % 4 of
+// Philox(seed, offset + i / 4): independent of threads and devices, and the same on resume if the
+// caller derives offset from the step count.
+struct ModelCopyRounding {
+  bool stochastic = false;  // BF16 copies only; F16 copies always round to nearest even
+  uint64_t seed = 0;
+  uint64_t offset = 0;      // Philox counter of element 0
+};
+
 struct AdamWAttrs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
   int64_t step = 1;  // 1-based step number after increment (bias corrections use it)
+  ModelCopyRounding rounding;
 };
 
 struct SgdAttrs {
   double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
   bool first_step = false;  // momentum buffer is initialised to the gradient on the first step
+  ModelCopyRounding rounding;
 };
 
 // GradScaler's scale update (torch's _amp_update_scale_): on found_inf, scale *= backoff and the

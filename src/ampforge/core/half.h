@@ -66,6 +66,18 @@ inline uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Stochastic rounding to BF16: `noise` is a uniform random 32-bit word, of which the low 16 bits are
+// added to the 16 bits that truncation drops. The carry into the kept bits happens with probability
+// (dropped bits) / 2^16, so the result is the upper neighbour with exactly that probability and
+// E[result] = f (for finite f away from the overflow threshold). Sign-magnitude makes this symmetric for
+// negative values. NaN stays a quiet NaN; Inf stays Inf (its dropped bits are zero, so no carry).
+inline uint16_t float_to_bf16_bits_stochastic(float f, uint32_t noise) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += noise & 0xffffu;
+  return static_cast<uint16_t>(u >> 16);
+}
+
 struct Half {
   uint16_t bits = 0;
   Half() = default;

@@ -27,6 +27,7 @@ AdamW::AdamW(const std::vector<Tensor>& params, AdamWOptions opt) : AdamW(std::v
 AdamW::AdamW(const std::vector<ParamGroupSpec>& groups, AdamWOptions opt)
     : Optimizer(groups, opt.lr, opt.weight_decay), options(opt) {
   validate(opt);
+  check_rounding(opt.rounding);
   add_state("exp_avg");
   add_state("exp_avg_sq");
 }
@@ -39,7 +40,8 @@ void AdamW::step(const Tensor& found_inf) {
   const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
-    AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1};
+    AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1,
+                  model_copy_rounding(i, options.rounding)};
     if (g.master.defined()) {
       ops::adamw_step_(g.master, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf, g.flat_params);
     } else {
@@ -54,6 +56,7 @@ SGD::SGD(const std::vector<Tensor>& params, SGDOptions opt) : SGD(std::vector<Pa
 SGD::SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions opt)
     : Optimizer(groups, opt.lr, opt.weight_decay), options(opt) {
   validate(opt);
+  check_rounding(opt.rounding);
   if (opt.momentum > 0) add_state("momentum_buffer");
 }
 
@@ -62,7 +65,8 @@ void SGD::step(const Tensor& found_inf) {
   const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
-    SgdAttrs at{g.lr, options.momentum, options.dampening, g.weight_decay, options.nesterov, g.step == 0};
+    SgdAttrs at{g.lr,           options.momentum, options.dampening, g.weight_decay, options.nesterov, g.step == 0,
+                model_copy_rounding(i, options.rounding)};
     Tensor buf = options.momentum > 0 ? state(i, "momentum_buffer") : Tensor();
     if (g.master.defined())
       ops::sgd_step_(g.master, g.flat_grads, buf, at, found_inf, g.flat_params);

@@ -69,6 +69,23 @@ void Optimizer::add_state(const std::string& name) {
     state_[i][name] = ops::zeros({groups_[i].flat_params.numel()}, DType::F32, groups_[i].flat_params.device());
 }
 
+void Optimizer::check_rounding(const RoundingOptions& r) const {
+  if (!r.stochastic) return;
+  for (size_t i = 0; i < groups_.size(); ++i)
+    AF_CHECK(groups_[i].master.defined() && groups_[i].flat_params.dtype() == DType::BF16,
+             "optimizer: stochastic rounding applies to BF16 parameters with F32 master weights; group {} has {} "
+             "parameters (use --precision bf16 --master-weights)",
+             i, dtype_name(groups_[i].flat_params.dtype()));
+}
+
+ModelCopyRounding Optimizer::model_copy_rounding(size_t group, const RoundingOptions& r) const {
+  if (!r.stochastic) return {};
+  const ParamGroup& g = groups_[group];
+  const auto blocks = static_cast<uint64_t>((g.flat_params.numel() + 3) / 4);
+  // Golden-ratio mixing keeps the groups' key streams apart for the same user seed.
+  return {true, r.seed ^ (0x9E3779B97F4A7C15ull * (group + 1)), static_cast<uint64_t>(g.step) * blocks};
+}
+
 Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
 
 void Optimizer::zero_grad() {

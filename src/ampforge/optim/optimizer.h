@@ -9,7 +9,7 @@
 //
 // Master weights (Apex "O2"): when a group's parameters are F16/BF16, the optimizer keeps an F32 master
 // copy, updates it, and writes the rounded result back into the 16-bit parameters (optionally with
-// stochastic rounding for BF16: see AdamWOptions::stochastic_rounding).
+// stochastic rounding for BF16: see RoundingOptions).
 #pragma once
 
 #include <map>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/core/attrs.h"
 #include "ampforge/core/tensor.h"
 
 namespace ampforge::optim {
@@ -30,6 +31,16 @@ struct ParamGroup {
   Tensor flat_grads;   // parameter dtype: each parameter's .grad is a view into it
   Tensor master;       // F32 copy when the parameters are 16-bit, else undefined
   int64_t step = 0;    // completed (not skipped) steps of this group
+};
+
+// How the optimizer writes 16-bit model copies in master-weight mode. Stochastic rounding (BF16 only)
+// makes each BF16 weight an unbiased estimate of its F32 master: small updates that round-to-nearest
+// would hide for many steps show up in the model copy in expectation. The noise comes from
+// Philox(seed mixed with the group index, counter = completed steps x ceil(numel / 4) + element / 4), so
+// it depends only on the seed, the group and the step: identical for any thread count and on resume.
+struct RoundingOptions {
+  bool stochastic = false;
+  uint64_t seed = 0;
 };
 
 // A group spec: parameters and per-group overrides (negative: use the optimizer default).
@@ -66,6 +77,10 @@ class Optimizer {
 
  protected:
   Optimizer(const std::vector<ParamGroupSpec>& groups, double default_lr, double default_wd);
+  // Throws unless stochastic rounding, when asked for, has BF16 parameters (with F32 masters) to act on.
+  void check_rounding(const RoundingOptions& r) const;
+  // The kernel attrs' rounding for group i's next step.
+  ModelCopyRounding model_copy_rounding(size_t group, const RoundingOptions& r) const;
   // Registers a flat state buffer (zero-initialised, F32) for every group under `name`.
   void add_state(const std::string& name);
   Tensor& state(size_t group, const std::string& name);

@@ -1,6 +1,7 @@
 // Fused optimizer kernels over flat buffers: one pass updates every parameter of a group.
 // Layout (KernelArgs): outputs = {param (F32), state...[, model_param (16-bit copy)]}, inputs = {grad[, found_inf]}.
 // A non-zero found_inf skips the step (the GradScaler's decision, read where the data lives).
+#include <array>
 #include <cmath>
 
 #include "ampforge/backends/cpu/loops.h"
@@ -36,11 +37,25 @@ void with_grad_floats(const Tensor& grad, int64_t begin, int64_t end, F&& f) {
   }
 }
 
-void store_model_copy(const KernelArgs& a, size_t idx, const float* p, int64_t c, int64_t m) {
+// Writes elements [c, c + m) of the 16-bit model copy from the updated F32 master values p[0, m).
+void store_model_copy(const KernelArgs& a, size_t idx, const ModelCopyRounding& rounding, const float* p, int64_t c,
+                      int64_t m) {
   if (a.outputs.size() <= idx) return;
   const Tensor& mp = a.out(idx);
-  if (mp.dtype() == DType::F16) store_n<Half, float>(p, static_cast<Half*>(mp.data_ptr()) + c, m);
-  else if (mp.dtype() == DType::BF16) store_n<BFloat16, float>(p, static_cast<BFloat16*>(mp.data_ptr()) + c, m);
+  if (mp.dtype() == DType::F16) {
+    store_n<Half, float>(p, static_cast<Half*>(mp.data_ptr()) + c, m);
+  } else if (mp.dtype() == DType::BF16 && !rounding.stochastic) {
+    store_n<BFloat16, float>(p, static_cast<BFloat16*>(mp.data_ptr()) + c, m);
+  } else if (mp.dtype() == DType::BF16) {
+    uint16_t* out = static_cast<uint16_t*>(mp.data_ptr()) + c;
+    // Element i (flat index) takes word i % 4 of block offset + i / 4, whatever the chunking.
+    std::array<uint32_t, 4> r{};
+    for (int64_t i = 0; i < m; ++i) {
+      const auto gi = static_cast<uint64_t>(c + i);
+      if (i == 0 || gi % 4 == 0) r = philox4x32(rounding.seed, rounding.offset + gi / 4);
+      out[i] = float_to_bf16_bits_stochastic(p[i], r[gi % 4]);
+    }
+  }
 }
 
 void adamw_kernel(const KernelArgs& a) {
@@ -68,7 +83,7 @@ void adamw_kernel(const KernelArgs& a) {
         vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
         pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / sqrt_bc2 + eps);  // PyTorch order of operations
       }
-      store_model_copy(a, 3, pp, c, m);
+      store_model_copy(a, 3, at.rounding, pp, c, m);
     });
   });
 }
@@ -93,7 +108,7 @@ void sgd_kernel(const KernelArgs& a) {
         }
         pp[i] -= lr * d;
       }
-      store_model_copy(a, 2, pp, c, m);
+      store_model_copy(a, 2, at.rounding, pp, c, m);
     });
   });
 }

@@ -1,0 +1,257 @@
+// Optimizers: trajectories against PyTorch 1.13 (tests/data/optim_golden.json, written by
+// scripts/gen_optim_golden.py), flat-buffer bookkeeping, GradScaler skips, and master weights with
+// stochastic rounding of the BF16 model copy.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ampforge/core/half.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/util/thread_pool.h"
+
+using namespace ampforge;
+
+namespace {
+
+// The closed-form inputs of scripts/gen_optim_golden.py.
+std::vector<Tensor> golden_params(const nlohmann::json& shapes) {
+  std::vector<Tensor> ps;
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    Shape s;
+    int64_t n = 1;
+    for (auto d : shapes[k]) {
+      s.push_back(d.get<int64_t>());
+      n *= d.get<int64_t>();
+    }
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i + 1) + k));
+    Tensor t = Tensor::from_vector(v, s);
+    t.requires_grad_(true);
+    ps.push_back(t);
+  }
+  return ps;
+}
+
+void set_golden_grads(std::vector<Tensor>& ps, int t) {
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const int64_t n = ps[k].numel();
+    std::vector<float> g(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(std::cos(0.11 * i + 0.7 * t + k) * 0.5);
+    ops::copy_(ps[k].grad(), Tensor::from_vector(g, ps[k].shape()));
+  }
+}
+
+nlohmann::json load_golden() {
+  std::ifstream f(std::string(AMPFORGE_TEST_DATA_DIR) + "/optim_golden.json");
+  EXPECT_TRUE(f.good()) << "tests/data/optim_golden.json missing (scripts/gen_optim_golden.py writes it)";
+  return nlohmann::json::parse(f);
+}
+
+std::unique_ptr<optim::Optimizer> make(const nlohmann::json& c, const std::vector<Tensor>& ps) {
+  const auto& o = c["options"];
+  if (c["optimizer"] == "adamw") {
+    optim::AdamWOptions a;
+    a.lr = o.value("lr", a.lr);
+    a.weight_decay = o.value("weight_decay", a.weight_decay);
+    a.eps = o.value("eps", a.eps);
+    if (o.contains("betas")) {
+      a.beta1 = o["betas"][0];
+      a.beta2 = o["betas"][1];
+    }
+    return std::make_unique<optim::AdamW>(ps, a);
+  }
+  optim::SGDOptions s;
+  s.lr = o.value("lr", s.lr);
+  s.momentum = o.value("momentum", s.momentum);
+  s.dampening = o.value("dampening", s.dampening);
+  s.weight_decay = o.value("weight_decay", s.weight_decay);
+  s.nesterov = o.value("nesterov", s.nesterov);
+  return std::make_unique<optim::SGD>(ps, s);
+}
+
+std::vector<uint16_t> bits_of(const Tensor& bf16) {
+  const auto* p = static_cast<const uint16_t*>(bf16.contiguous().data_ptr());
+  return {p, p + bf16.numel()};
+}
+
+}  // namespace
+
+TEST(Optimizer, TrajectoriesMatchPyTorch) {
+  const nlohmann::json doc = load_golden();
+  const int steps = doc["steps"];
+  ASSERT_GE(doc["cases"].size(), 6u);
+  for (const auto& c : doc["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    std::vector<Tensor> ps = golden_params(doc["shapes"]);
+    auto opt = make(c, ps);
+    for (int t = 0; t < steps; ++t) {
+      set_golden_grads(ps, t);
+      opt->step();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        const std::vector<float> got = ps[k].contiguous().tolist<float>();
+        const auto& want = c["trajectory"][t][k];
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double w = want[i].get<double>();
+          // F32 arithmetic in a possibly different association order than torch's: a few ulps.
+          EXPECT_NEAR(got[i], w, 2e-6 + 2e-6 * std::abs(w)) << "step " << t << " param " << k << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Optimizer, ParametersAndGradientsViewFlatBuffers) {
+  std::vector<Tensor> ps = golden_params(nlohmann::json::parse("[[3,4],[5]]"));
+  optim::AdamW opt(ps);
+  const auto& g = opt.param_groups()[0];
+  EXPECT_GE(g.flat_params.numel(), 17);
+  // Writing through the flat buffer is visible in the module's parameter handles.
+  ops::copy_(g.flat_params, ops::zeros({g.flat_params.numel()}));
+  for (const Tensor& p : ps)
+    for (float v : p.contiguous().tolist<float>()) EXPECT_EQ(v, 0.0f);
+  // zero_grad zeroes the one flat gradient buffer that every .grad views.
+  set_golden_grads(ps, 0);
+  opt.zero_grad();
+  for (float v : g.flat_grads.tolist<float>()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Optimizer, FoundInfSkipsTheStepAndKeepsTheStepCount) {
+  std::vector<Tensor> ps = golden_params(nlohmann::json::parse("[[7]]"));
+  optim::AdamW opt(ps);
+  set_golden_grads(ps, 0);
+  const std::vector<float> before = ps[0].tolist<float>();
+  opt.step(ops::full({1}, 1.0));
+  EXPECT_EQ(ps[0].tolist<float>(), before);
+  EXPECT_EQ(opt.steps(), 0);
+  opt.step(ops::full({1}, 0.0));
+  EXPECT_NE(ps[0].tolist<float>(), before);
+  EXPECT_EQ(opt.steps(), 1);
+}
+
+// ---- master weights and stochastic rounding -------------------------------------------------------
+
+namespace {
+// BF16 parameters (n elements) whose F32 masters are set to `value` exactly, with zero gradients.
+struct Bf16Setup {
+  std::vector<Tensor> params;
+  std::unique_ptr<optim::SGD> opt;
+};
+Bf16Setup bf16_sgd(int64_t n, float value, bool stochastic, uint64_t seed, double lr = 0.0) {
+  Bf16Setup s;
+  Tensor p = ops::zeros({n}, DType::BF16);
+  p.requires_grad_(true);
+  s.params = {p};
+  optim::SGDOptions o;
+  o.lr = lr;
+  o.rounding = {stochastic, seed};
+  s.opt = std::make_unique<optim::SGD>(s.params, o);
+  ops::copy_(s.opt->param_groups()[0].master, ops::full({s.opt->param_groups()[0].master.numel()}, value));
+  return s;
+}
+}  // namespace
+
+TEST(StochasticRounding, ScalarRuleIsExactAtTheExtremes) {
+  const float x = 1.0f + 0x1p-10f;  // between BF16 1.0 and 1.0078125: an eighth of an ulp above 1.0
+  const uint16_t lo = float_to_bf16_bits(1.0f), hi = static_cast<uint16_t>(lo + 1);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0u), lo);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xffffu), hi);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xdfffu), lo);  // dropped bits 0x2000: carries at noise >= 0xe000
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xe000u), hi);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(x, 0xffff0000u), lo);  // only the low 16 bits of the noise count
+  // Representable values never move; negative values round in magnitude, symmetric with positive ones.
+  EXPECT_EQ(float_to_bf16_bits_stochastic(1.5f, 0xffffu), float_to_bf16_bits(1.5f));
+  EXPECT_EQ(float_to_bf16_bits_stochastic(-x, 0xffffu), static_cast<uint16_t>(hi | 0x8000u));
+  // Inf stays Inf, NaN stays a (quiet) NaN.
+  EXPECT_EQ(float_to_bf16_bits_stochastic(INFINITY, 0xffffu), 0x7f80u);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(-INFINITY, 0xffffu), 0xff80u);
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits_stochastic(NAN, 0x1234u))));
+}
+
+TEST(StochasticRounding, ModelCopyIsUnbiasedAndOnlyTakesTheTwoNeighbours) {
+  // 0.3 of an ulp above 1.0: round-to-nearest always gives 1.0 (bias -0.3 ulp); stochastic rounding gives
+  // the upper neighbour for ~30% of the elements.
+  const float ulp = 0x1p-7f;
+  const float x = 1.0f + 0.3f * ulp;
+  const int64_t n = 1 << 16;
+  for (bool stochastic : {false, true}) {
+    Bf16Setup s = bf16_sgd(n, x, stochastic, 42);
+    for (Tensor& p : s.params) ops::copy_(p.grad(), ops::zeros({n}));
+    s.opt->step();
+    const std::vector<float> w = s.params[0].to(DType::F32).tolist<float>();
+    double mean = 0;
+    for (float v : w) {
+      ASSERT_TRUE(v == 1.0f || v == 1.0f + ulp) << v;
+      mean += v;
+    }
+    mean /= n;
+    if (stochastic) {
+      // Binomial(n, 0.3): standard error of the mean 0.0018 ulp; 5 sigma = 0.01 ulp.
+      EXPECT_NEAR((mean - 1.0) / ulp, 0.3, 0.01);
+    } else {
+      EXPECT_EQ(mean, 1.0);
+    }
+  }
+}
+
+TEST(StochasticRounding, DeterministicPerSeedAndStepAndIndependentOfThreads) {
+  const float x = 0.1f;  // not representable in BF16
+  auto run = [&](uint64_t seed, int steps, int threads) {
+    set_num_threads(threads);
+    Bf16Setup s = bf16_sgd(100003, x, true, seed);
+    ops::copy_(s.params[0].grad(), ops::zeros({100003}));
+    std::vector<std::vector<uint16_t>> out;
+    for (int t = 0; t < steps; ++t) {
+      s.opt->step();
+      out.push_back(bits_of(s.params[0]));
+    }
+    return out;
+  };
+  const int saved = get_num_threads();
+  const auto a = run(7, 2, 1), b = run(7, 2, 2), c = run(8, 2, 2);
+  set_num_threads(saved);
+  EXPECT_EQ(a, b);          // thread count does not matter
+  EXPECT_NE(a[0], a[1]);    // each step draws fresh noise
+  EXPECT_NE(a[0], c[0]);    // the seed matters
+}
+
+TEST(StochasticRounding, TracksSmallUpdatesThatRoundToNearestHides) {
+  // SGD moves the F32 master by 1/8 ulp per step. Round-to-nearest keeps the BF16 weight at its start for
+  // the first few steps; with stochastic rounding the average weight follows the master.
+  const float ulp = 0x1p-7f;
+  const int64_t n = 1 << 14;
+  const double lr = 1.0;
+  const float grad = -ulp / 8;  // p -= lr * grad: +1/8 ulp per step
+  for (bool stochastic : {false, true}) {
+    Bf16Setup s = bf16_sgd(n, 1.0f, stochastic, 3, lr);
+    for (int t = 0; t < 3; ++t) {
+      ops::copy_(s.params[0].grad(), ops::full({n}, grad, DType::BF16));
+      s.opt->step();
+    }
+    // Master: 1 + 3/8 ulp. Nearest: 1.0 exactly. Stochastic: mean 1 + 3/8 ulp.
+    double mean = 0;
+    for (float v : s.params[0].to(DType::F32).tolist<float>()) mean += v;
+    mean /= n;
+    if (stochastic)
+      EXPECT_NEAR((mean - 1.0) / ulp, 0.375, 0.03);
+    else
+      EXPECT_EQ(mean, 1.0);
+  }
+}
+
+TEST(StochasticRounding, NeedsBf16MasterWeights) {
+  Tensor p = ops::zeros({4});
+  p.requires_grad_(true);
+  optim::AdamWOptions o;
+  o.rounding.stochastic = true;
+  EXPECT_THROW(optim::AdamW({p}, o), Error);
+  Tensor h = ops::zeros({4}, DType::F16);
+  h.requires_grad_(true);
+  EXPECT_THROW(optim::AdamW({h}, o), Error);
+  Tensor b = ops::zeros({4}, DType::BF16);
+  b.requires_grad_(true);
+  EXPECT_NO_THROW(optim::AdamW({b}, o));
+}
