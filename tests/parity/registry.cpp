@@ -51,7 +51,7 @@ Tensor apply_layout(const Tensor& t, const std::string& layout, const std::strin
     AF_CHECK(t.dim() >= 1, "parity: {}: strided needs >= 1 dim", what);
     Shape wide = t.shape();
     wide[wide.size() - 1] *= 2;
-    Tensor buf = ops::zeros(wide, t.dtype());
+    Tensor buf = ops::zeros(wide, t.dtype(), t.device());
     Tensor v = ops::slice(buf, t.dim() - 1, 0, wide.back(), 2);
     ops::copy_(v, t);
     return v;
@@ -149,7 +149,7 @@ Tensor generate_grad_output(const Case& c, const Shape& out_shape) {
   return ops::randn(out_shape, DType::F32, kCPU, &gen);
 }
 
-std::vector<Tensor> prepare_inputs(const Case& c, const std::vector<Tensor>& values, DType dtype) {
+std::vector<Tensor> prepare_inputs(const Case& c, const std::vector<Tensor>& values, DType dtype, Device device) {
   AF_CHECK(values.size() == c.inputs.size(), "parity: {}: {} input values for {} specs", c.name, values.size(),
            c.inputs.size());
   std::vector<Tensor> out;
@@ -159,6 +159,7 @@ std::vector<Tensor> prepare_inputs(const Case& c, const std::vector<Tensor>& val
     AF_CHECK(v.shape() == s.shape, "parity: {}.{}: value shape {} differs from the spec's {}", c.name, s.name,
              v.shape().str(), s.shape.str());
     if (v.is_floating_point()) v = ops::to_dtype(v, (s.cast16 || dtype == DType::F64) ? dtype : DType::F32);
+    v = ops::to_device(v, device);
     // A fresh buffer even when no cast happened, so a case that updates an input in place (batch_norm's
     // running statistics) never changes the caller's values.
     Tensor t = apply_layout(ops::clone(v, MemoryFormat::Contiguous), s.layout, c.name + "." + s.name);

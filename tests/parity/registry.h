@@ -71,9 +71,10 @@ std::vector<Tensor> generate_inputs(const Case& c);
 Tensor generate_grad_output(const Case& c, const Shape& out_shape);
 
 // Turns logical values into the tensors a case receives: casts floating inputs with cast16 to `dtype`
-// (F32 values stay F32 when dtype is F32; pass F64 for gradchecks), applies the layout, and marks
-// requires_grad. The results are leaves.
-std::vector<Tensor> prepare_inputs(const Case& c, const std::vector<Tensor>& values, DType dtype);
+// (F32 values stay F32 when dtype is F32; pass F64 for gradchecks), moves them to `device`, applies the
+// layout there, and marks requires_grad. The results are leaves.
+std::vector<Tensor> prepare_inputs(const Case& c, const std::vector<Tensor>& values, DType dtype,
+                                   Device device = kCPU);
 
 // Registration (called once by cases()).
 void register_core_samples(std::vector<Case>& out);

@@ -1,5 +1,6 @@
 #include "ampforge/core/storage.h"
 
+#include "ampforge/core/dispatch.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge {
@@ -22,6 +23,12 @@ StorageImpl::~StorageImpl() {
 
 Storage make_storage(size_t nbytes, Device device) {
   Allocator* a = get_allocator(device.type);
+  if (a == nullptr && device.is_cuda()) {
+    // The CUDA backend installs its allocator when it registers, which happens on the first op; a
+    // tensor may be created on the device before any op ran.
+    ensure_backends_registered();
+    a = get_allocator(device.type);
+  }
   if (a == nullptr) {
     AF_THROW(NotImplemented, "no memory allocator for device {}: {}", device.str(),
              device.is_cuda() ? "this build of ampforge has no CUDA backend, or no CUDA device was found"

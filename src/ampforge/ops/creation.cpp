@@ -120,8 +120,16 @@ Tensor clone(const Tensor& t, MemoryFormat format) {
 Tensor to_device(const Tensor& t, Device device) {
   check_defined(t, "to", "self");
   if (t.device() == device) return t;
-  AF_THROW(NotImplemented, "to({}): copies between {} and {} need the CUDA backend, which this build does not have "
-           "or which found no device", device.str(), t.device().str(), device.str());
+  // Transfers are the CUDA backend's copy kernel, dispatched on the CUDA side (it handles host<->device
+  // and device<->device). The result keeps a dense layout of the source (contiguous or channels-last).
+  AF_CHECK(t.device().is_cuda() || device.is_cuda(), "to({}): no copy path from {} to {}", device.str(),
+           t.device().str(), device.str());
+  if (!has_kernel(OpId::copy, DeviceType::CUDA))
+    AF_THROW(NotImplemented, "to({}): copies between {} and {} need the CUDA backend, which this build does not "
+             "have or which found no device", device.str(), t.device().str(), device.str());
+  Tensor o = Tensor::empty(t.shape(), t.dtype(), device, t.suggest_memory_format());
+  dispatch(OpId::copy, device.is_cuda() ? device : t.device(), {t}, {o});
+  return o;
 }
 
 }  // namespace ampforge::ops

@@ -1,0 +1,278 @@
+// CUDA matmul and linear through cuBLASLt.
+//
+// Contracts (ops/linalg.cpp, as for the CPU kernels):
+//   matmul  in: A (B, M, K), B (B, K, N) with any strides (a batch stride of 0 broadcasts); out: (B, M, N)
+//           contiguous, the inputs' dtype.
+//   linear  in: x (M, K), W (N, K)[, bias (N)]; out (M, N) contiguous = x @ W^T (+ bias).
+// Precision: F32 computes in F32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed (cuda::set_allow_tf32,
+// AMPFORGE_ALLOW_TF32=1; off by default as in PyTorch >= 1.12); F16/BF16 multiply on tensor cores and
+// accumulate in F32, rounding the output once.
+//
+// Layout: cuBLASLt is column-major. A row-major (M, N) result C = A @ B is the column-major (N, M) matrix
+// C^T = B^T @ A^T, so B goes first. A row-major operand with unit column stride is, in memory, the
+// column-major transpose (op N on the swapped product); one with unit row stride is column-major itself
+// (op T). An operand with neither unit stride is first copied to a contiguous scratch tensor.
+// Strided batches map to CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET (0 for a broadcast operand).
+// Bias: the output is first filled with the broadcast bias and the GEMM accumulates into it (beta = 1),
+// so the result is rounded once, as on the CPU.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/cuda/plan.h"
+#include "ampforge/backends/cuda/register.h"
+#include "ampforge/backends/cuda/runtime.h"
+#include "ampforge/core/dispatch.h"
+
+namespace ampforge::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper; ample for Ada
+
+// Per-device cuBLASLt state: a handle, a workspace that lives as long as the process, and the algorithms
+// picked by the heuristic for each problem seen (the heuristic costs tens of microseconds).
+struct LtKey {
+  std::array<int64_t, 16> v{};
+  bool operator==(const LtKey& o) const { return v == o.v; }
+};
+struct LtKeyHash {
+  size_t operator()(const LtKey& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct LtState {
+  std::once_flag once;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mu;
+  std::unordered_map<LtKey, cublasLtMatmulAlgo_t, LtKeyHash> algos;
+};
+
+LtState& lt_state(int device) {
+  static auto* states = new std::vector<LtState>(static_cast<size_t>(device_count()));
+  AF_ASSERT(device >= 0 && static_cast<size_t>(device) < states->size(), "no cuBLASLt state for device {}", device);
+  LtState& st = (*states)[static_cast<size_t>(device)];
+  std::call_once(st.once, [&] {
+    DeviceGuard guard(device);
+    AF_CUBLAS_CHECK(cublasLtCreate(&st.handle));
+    st.workspace = alloc_scratch(device, kWorkspaceBytes);  // kept: only this device's compute stream uses it
+  });
+  return st;
+}
+
+// Descriptor owners (destroyed at scope exit; destruction failures are ignored: they cannot happen for
+// valid descriptors and a destructor must not throw).
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~MatmulDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct Layout {
+  cublasLtMatrixLayout_t l = nullptr;
+  ~Layout() {
+    if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+};
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~Preference() {
+    if (p) cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+
+// An operand as cuBLASLt receives it: storage description (plan.h's GemmOperand), pointer, batch stride.
+struct ColMajor {
+  const void* ptr = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  int64_t batch_stride = 0;
+  bool trans = false;
+};
+
+std::optional<ColMajor> transposed_operand(const void* ptr, int64_t R, int64_t C, int64_t rs, int64_t cs) {
+  const std::optional<GemmOperand> g = gemm_operand(R, C, rs, cs);
+  if (!g) return std::nullopt;
+  ColMajor m;
+  m.ptr = ptr;
+  m.rows = g->rows;
+  m.cols = g->cols;
+  m.ld = g->ld;
+  m.trans = g->trans;
+  return m;
+}
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F16: return CUDA_R_16F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: AF_THROW(NotImplemented, "matmul on CUDA: dtype {} is not supported (F32, F16 and BF16 are)", dtype_name(d));
+  }
+}
+
+// Largest power of two (<= 256) dividing the address, the leading dimension and the batch stride in bytes:
+// the alignment cuBLASLt may assume when it picks a kernel.
+uint32_t alignment_of(const void* ptr, int64_t ld, int64_t batch_stride, int64_t batch, int64_t esize) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(ptr) | static_cast<uint64_t>(ld * esize) | 256u;
+  if (batch > 1 && batch_stride != 0) bits |= static_cast<uint64_t>(batch_stride * esize);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// out (batch x M x N, contiguous) = alpha * op(A) @ op(B) + beta * out, where A_rm (M x K) and B_rm (K x N)
+// are logical row-major operands given by pointer, strides and batch stride.
+struct Operand {
+  const void* ptr;
+  int64_t rs, cs, bs;
+};
+
+void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
+          void* out, float beta) {
+  const int device = dev.index;
+  DeviceGuard guard(dev);
+  const DeviceState& ds = device_state(dev);
+  LtState& lt = lt_state(device);
+  const int64_t es = dtype_size(dt);
+  // C^T (N x M) = B^T (N x K) @ A^T (K x M)
+  const auto first = transposed_operand(b.ptr, K, N, b.rs, b.cs);
+  const auto second = transposed_operand(a.ptr, M, K, a.rs, a.cs);
+  AF_ASSERT(first && second, "gemm: operands need a unit stride (callers make them contiguous)");
+  ColMajor mb = *first, ma = *second;
+  mb.batch_stride = b.bs;
+  ma.batch_stride = a.bs;
+  const cudaDataType_t ct = cuda_type(dt);
+  const bool tf32 = dt == DType::F32 && allow_tf32();
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+
+  MatmulDesc op;
+  AF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, compute, CUDA_R_32F));
+  const cublasOperation_t ta = mb.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ma.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+
+  auto make_layout = [&](Layout& l, uint64_t rows, uint64_t cols, int64_t ld, int64_t bstride) {
+    AF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.l, ct, rows, cols, ld));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      AF_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      AF_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l.l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &bstride, sizeof(bstride)));
+    }
+  };
+  Layout la, lb, lc;
+  make_layout(la, static_cast<uint64_t>(mb.rows), static_cast<uint64_t>(mb.cols), mb.ld, mb.batch_stride);
+  make_layout(lb, static_cast<uint64_t>(ma.rows), static_cast<uint64_t>(ma.cols), ma.ld, ma.batch_stride);
+  make_layout(lc, static_cast<uint64_t>(N), static_cast<uint64_t>(M), std::max<int64_t>(N, 1), M * N);
+
+  const uint32_t align_a = alignment_of(mb.ptr, mb.ld, mb.batch_stride, batch, es);
+  const uint32_t align_b = alignment_of(ma.ptr, ma.ld, ma.batch_stride, batch, es);
+  const uint32_t align_c = alignment_of(out, N, M * N, batch, es);
+
+  LtKey key;
+  key.v = {static_cast<int64_t>(dt), tf32, ta, tb, M, N, K, batch, mb.ld, ma.ld, mb.batch_stride != 0,
+           ma.batch_stride != 0, align_a, align_b, align_c, beta != 0.0f};
+  cublasLtMatmulAlgo_t algo;
+  bool have = false;
+  {
+    std::lock_guard<std::mutex> lock(lt.mu);
+    auto it = lt.algos.find(key);
+    if (it != lt.algos.end()) {
+      algo = it->second;
+      have = true;
+    }
+  }
+  if (!have) {
+    Preference pref;
+    AF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+    const uint64_t ws = kWorkspaceBytes;
+    AF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    AF_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    AF_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    AF_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+    AF_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    AF_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt.handle, op.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found));
+    if (found == 0)
+      AF_THROW(NotImplemented,
+               "matmul on CUDA: cuBLASLt has no algorithm for {} ({} x {} x {}, batch {}, ld {} / {}, alignment {} / {} / "
+               "{} bytes)",
+               dtype_name(dt), M, N, K, batch, mb.ld, ma.ld, align_a, align_b, align_c);
+    algo = result.algo;
+    std::lock_guard<std::mutex> lock(lt.mu);
+    lt.algos.emplace(key, algo);
+  }
+  const float alpha = 1.0f;
+  AF_CUBLAS_CHECK(cublasLtMatmul(lt.handle, op.d, &alpha, mb.ptr, la.l, ma.ptr, lb.l, &beta, out, lc.l, out, lc.l, &algo,
+                                 lt.workspace, kWorkspaceBytes, ds.compute));
+}
+
+// A usable operand for a logical row-major (R x C) matrix view of t (batch dim 0 when 3-D): t itself when
+// one of its strides is a unit stride with a valid leading dimension, else a contiguous copy (`keep`).
+Operand operand_of(const Tensor& t, int64_t R, int64_t C, int64_t rs, int64_t cs, int64_t bs, Tensor& keep) {
+  if (transposed_operand(t.data_ptr(), R, C, rs, cs)) return {t.data_ptr(), rs, cs, bs};
+  keep = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy_on_device(keep, t);
+  const bool batched = t.dim() == 3;
+  return {keep.data_ptr(), C, 1, batched && bs != 0 ? R * C : 0};
+}
+
+void matmul_cuda(const KernelArgs& a) {
+  const Tensor &A = a.in(0), &B = a.in(1), &out = a.out(0);
+  const int64_t batch = out.size(0), M = out.size(1), N = out.size(2), K = A.size(2);
+  if (out.numel() == 0) return;
+  if (K == 0) {
+    fill_on_device(out, 0.0);
+    return;
+  }
+  Tensor ka, kb;
+  const Operand oa = operand_of(A, M, K, A.stride(1), A.stride(2), A.size(0) == 1 ? 0 : A.stride(0), ka);
+  const Operand ob = operand_of(B, K, N, B.stride(1), B.stride(2), B.size(0) == 1 ? 0 : B.stride(0), kb);
+  gemm(out.device(), out.dtype(), batch, M, N, K, oa, ob, out.data_ptr(), 0.0f);
+}
+
+void linear_cuda(const KernelArgs& a) {
+  const Tensor &x = a.in(0), &W = a.in(1), &out = a.out(0);
+  const Tensor* bias = a.inputs.size() > 2 && a.in(2).defined() ? &a.in(2) : nullptr;
+  const int64_t M = x.size(0), K = x.size(1), N = W.size(0);
+  if (out.numel() == 0) return;
+  if (bias != nullptr)
+    copy_on_device(out, *bias);  // broadcast over rows; the GEMM adds into it
+  if (K == 0) {
+    if (bias == nullptr) fill_on_device(out, 0.0);
+    return;
+  }
+  Tensor kx, kw;
+  const Operand ox = operand_of(x, M, K, x.stride(0), x.stride(1), 0, kx);
+  // W^T as a logical (K x N) row-major matrix: strides swapped.
+  const Operand ow = operand_of(W, K, N, W.stride(1), W.stride(0), 0, kw);
+  if (kw.defined()) {
+    // the contiguous copy holds W (N x K) row-major: W^T has strides (1, K)
+    const Operand owc{kw.data_ptr(), 1, K, 0};
+    gemm(out.device(), out.dtype(), 1, M, N, K, ox, owc, out.data_ptr(), bias ? 1.0f : 0.0f);
+    return;
+  }
+  gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), bias ? 1.0f : 0.0f);
+}
+
+}  // namespace
+
+void register_blas_cuda() {
+  register_kernel(OpId::matmul, DeviceType::CUDA, matmul_cuda);
+  register_kernel(OpId::linear, DeviceType::CUDA, linear_cuda);
+}
+
+}  // namespace ampforge::cuda

@@ -1,0 +1,29 @@
+// The CUDA backend's entry point (called once from core/dispatch.cpp's ensure_backends_registered()).
+// Without a usable device (no driver, no GPU, CUDA_VISIBLE_DEVICES empty) nothing is registered and no
+// allocator is installed, so CUDA tensors and ops fail with messages that say why.
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/cuda/register.h"
+#include "ampforge/backends/cuda/runtime.h"
+#include "ampforge/core/allocator.h"
+#include "ampforge/util/log.h"
+
+namespace ampforge {
+
+bool register_cuda_backend() {
+  if (cuda::device_count() == 0) {
+    log(LogLevel::Debug, "CUDA backend not registered: {}", cuda::unavailable_reason());
+    return false;
+  }
+  set_allocator(DeviceType::CUDA, cuda::cuda_allocator());
+  cuda::register_copy_cuda();
+  cuda::register_elementwise_cuda();
+  cuda::register_unary_cuda();
+  cuda::register_random_cuda();
+  cuda::register_reduce_cuda();
+  cuda::register_softmax_cuda();
+  cuda::register_optim_cuda();
+  cuda::register_blas_cuda();
+  return true;
+}
+
+}  // namespace ampforge

@@ -1,0 +1,116 @@
+// The parity harness on CUDA (label `gpu`, binary ampforge_cuda_parity). For every case of the sample
+// registry (registry.h) and each of F32/F16/BF16: the case runs on the CPU and on cuda:0 from the same
+// logical input values (layouts applied on each device), and the CUDA outputs and input gradients must
+// match the CPU's within the tolerance table (core/tolerance.h): both sides are implementations computing
+// in that dtype, the situation the table's factors were derived for.
+//
+// Without a CUDA device every case skips. A case that reaches an op the CUDA backend does not implement
+// yet skips too, naming the op (the list of such ops is the backend's remaining work, see docs/ARCHITECTURE.md);
+// any other error, or a mismatch, fails.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "ampforge/autograd/node.h"
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/tolerance.h"
+#include "ampforge/ops/ops.h"
+#include "registry.h"
+
+using namespace ampforge;
+
+namespace {
+
+const Device kCuda0{DeviceType::CUDA, 0};
+
+std::vector<std::string> case_names() {
+  std::vector<std::string> n;
+  for (const auto& c : parity::cases()) n.push_back(c.name);
+  return n;
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::string>& i) { return i.param; }
+
+void expect_close(const Tensor& cuda, const Tensor& cpu, DType dtype, const std::string& what) {
+  ASSERT_EQ(cuda.shape(), cpu.shape()) << what << ": shape differs from the CPU's";
+  EXPECT_EQ(cuda.dtype(), cpu.dtype()) << what << ": dtype differs from the CPU's";
+  EXPECT_TRUE(cuda.device().is_cuda()) << what << ": the result is not on the CUDA device";
+  const ToleranceEntry tol = tolerance(dtype);
+  const std::vector<double> a = ops::to_dtype(ops::to_device(cuda.detach(), kCPU), DType::F64).tolist<double>();
+  const std::vector<double> e = ops::to_dtype(cpu.detach(), DType::F64).tolist<double>();
+  const CloseResult r = tolerance_close(
+      static_cast<int64_t>(a.size()), [&](int64_t i) { return a[i]; }, [&](int64_t i) { return e[i]; }, tol.rtol,
+      tol.atol);
+  if (std::getenv("AMPFORGE_PARITY_VERBOSE"))
+    std::printf("cuda-parity-ratio %s %s max_ratio %.4g max_abs_err %.3g\n", dtype_name(dtype).data(), what.c_str(),
+                r.max_ratio, r.max_abs_err);
+  EXPECT_TRUE(r.ok) << what << ": " << r.mismatches << " of " << a.size() << " elements differ from the CPU beyond "
+                    << dtype_name(dtype) << " tolerance; worst element " << r.worst << ": cuda " << r.actual_at_worst
+                    << ", cpu " << r.expected_at_worst << " (" << r.max_ratio << "x the tolerance)";
+}
+
+struct CaseRun {
+  std::vector<Tensor> outs, grads;
+  std::vector<size_t> grad_index;
+};
+
+CaseRun run_case(const parity::Case& c, const std::vector<Tensor>& values, DType dt, Device dev) {
+  CaseRun r;
+  std::vector<Tensor> ins = parity::prepare_inputs(c, values, dt, dev);
+  r.outs = c.fn(ins, c.attrs);
+  std::vector<Tensor> leaves;
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (c.inputs[i].requires_grad) leaves.push_back(ins[i]), r.grad_index.push_back(i);
+  if (leaves.empty()) return r;
+  Tensor go = ops::to_device(ops::to_dtype(parity::generate_grad_output(c, r.outs[0].shape()), r.outs[0].dtype()), dev);
+  r.grads = autograd::grad({r.outs[0]}, leaves, {go});
+  return r;
+}
+
+class CudaParity : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(CudaParity, MatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  const parity::Case& c = *parity::find_case(GetParam());
+  const std::vector<Tensor> values = parity::generate_inputs(c);
+  int compared = 0;
+  std::string not_on_cuda;
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string dn(dtype_name(dt));
+    SCOPED_TRACE(c.name + " in " + dn);
+    CaseRun cpu;
+    try {
+      cpu = run_case(c, values, dt, kCPU);
+    } catch (const std::exception&) {
+      continue;  // no CPU reference in this dtype: nothing to compare with
+    }
+    CaseRun gpu;
+    try {
+      gpu = run_case(c, values, dt, kCuda0);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::NotImplemented) {
+        not_on_cuda = e.what();
+        continue;
+      }
+      ADD_FAILURE() << c.name << " (" << c.op << ") fails on CUDA in " << dn << ": " << e.what();
+      continue;
+    }
+    ++compared;
+    ASSERT_EQ(gpu.outs.size(), cpu.outs.size());
+    for (size_t k = 0; k < cpu.outs.size(); ++k)
+      expect_close(gpu.outs[k], cpu.outs[k], dt, c.name + " output " + std::to_string(k) + " (" + dn + ")");
+    ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
+    for (size_t j = 0; j < cpu.grads.size(); ++j) {
+      if (!cpu.grads[j].defined() && !gpu.grads[j].defined()) continue;
+      ASSERT_TRUE(cpu.grads[j].defined() && gpu.grads[j].defined()) << "gradient " << j << " defined on one side only";
+      expect_close(gpu.grads[j], cpu.grads[j], dt,
+                   c.name + " gradient of input " + std::to_string(cpu.grad_index[j]) + " (" + dn + ")");
+    }
+  }
+  if (compared == 0 && !not_on_cuda.empty()) GTEST_SKIP() << "not on CUDA yet: " << not_on_cuda;
+}
+
+INSTANTIATE_TEST_SUITE_P(Parity, CudaParity, ::testing::ValuesIn(case_names()), param_name);
