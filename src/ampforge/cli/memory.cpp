@@ -1,8 +1,9 @@
 // `ampforge memory`: fragmentation tools.
 //   memory replay TRACE [--policy naive|pytorch|ampforge|all] [--budget BYTES] [--snapshot FILE] [--json]
 //   memory report SNAPSHOT [-o FILE.svg|FILE.html] [--json]
-// Exit codes: 0 ok; 1 an allocation failed under --budget (the check failed); 2 bad input (the message
-// names the file and line).
+//   memory fit --model NAME --budget SIZE [...]          (cli/memory_fit.cpp)
+// Exit codes: 0 ok; 1 an allocation failed under --budget (the check failed; fit: not even batch 1 fits);
+// 2 bad input (the message names the file and line).
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -114,9 +115,11 @@ int run_report(const ReportArgs& a) {
 
 }  // namespace
 
+Command add_memory_fit_subcommand(CLI::App& memory);  // cli/memory_fit.cpp
+
 Command add_memory_command(CLI::App& app) {
   auto* sub = app.add_subcommand("memory", "Memory tools: replay allocation traces under allocator policies, report "
-                                           "snapshots");
+                                           "snapshots, find the largest batch that fits a budget");
   sub->require_subcommand(1);
   auto replay_args = std::make_shared<ReplayArgs>();
   auto* replay = sub->add_subcommand(
@@ -136,9 +139,12 @@ Command add_memory_command(CLI::App& app) {
   report->add_option("-o,--output", report_args->output, "chart file, .svg or .html (default: SNAPSHOT with .svg)");
   report->add_flag("--json", report_args->json, "print JSON");
 
-  return {sub, [replay, report, replay_args, report_args] {
+  Command fit = add_memory_fit_subcommand(*sub);
+
+  return {sub, [replay, report, replay_args, report_args, fit] {
             if (replay->parsed()) return run_replay(*replay_args);
             if (report->parsed()) return run_report(*report_args);
+            if (fit.sub->parsed()) return fit.run();
             return 2;
           }};
 }

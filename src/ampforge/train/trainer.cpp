@@ -23,6 +23,7 @@
 #include "ampforge/profiler/profiler.h"
 #include "ampforge/train/checkpoint.h"
 #include "ampforge/train/progress.h"
+#include "ampforge/train/step.h"
 #include "ampforge/util/log.h"
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/util/timer.h"
@@ -74,6 +75,8 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.precision == DType::F32 || c.precision == DType::F16 || c.precision == DType::BF16,
            "--precision must be fp32, fp16 or bf16");
   AF_CHECK(!c.master_weights || c.precision != DType::F32, "--master-weights needs --precision fp16 or bf16");
+  AF_CHECK(!c.stochastic_rounding || (c.master_weights && c.precision == DType::BF16),
+           "--stochastic-rounding needs --precision bf16 --master-weights (it rounds the BF16 model copy)");
   AF_CHECK(c.nan_policy == "stop" || c.nan_policy == "skip", "--nan-policy must be stop or skip, got '{}'", c.nan_policy);
   AF_CHECK(c.clip_grad_norm >= 0, "--clip-grad must be >= 0");
   AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
@@ -88,6 +91,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"batch_size", c.batch_size}, {"lr", c.lr},                 {"optimizer", c.optimizer},
           {"weight_decay", c.weight_decay}, {"schedule", c.schedule}, {"seed", c.seed},
           {"precision", precision_name(c.precision)}, {"master_weights", c.master_weights},
+          {"stochastic_rounding", c.stochastic_rounding},
           {"channels_last", c.channels_last}};
 }
 
@@ -173,20 +177,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   mo.image_size = train_ds->example_shape()[1];
   nn::ModulePtr model = models::create(cfg.model, mo);
   if (cfg.master_weights) model->to(cfg.precision);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (cfg.optimizer == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = cfg.lr;
-    if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
-    opt = std::make_unique<optim::AdamW>(model->parameters(), o);
-  } else {
-    optim::SGDOptions o;
-    o.lr = cfg.lr;
-    o.momentum = cfg.momentum;
-    o.nesterov = cfg.nesterov;
-    if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
-    opt = std::make_unique<optim::SGD>(model->parameters(), o);
-  }
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->parameters());
   const int64_t steps_per_epoch = train_loader.num_batches();
   const int64_t total_steps = steps_per_epoch * cfg.epochs;
   optim::ScheduleOptions so;
@@ -196,9 +187,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   so.warmup_steps = cfg.warmup_steps;
   optim::LRScheduler sched(*opt, so);
   // Loss scaling is needed for F16 (narrow exponent); BF16 has F32's range, as in PyTorch's recipes.
-  amp::GradScalerOptions gso;
-  gso.enabled = cfg.precision == DType::F16;
-  amp::GradScaler scaler(gso);
+  amp::GradScaler scaler(grad_scaler_options(cfg.precision));
 
   TrainResult r;
   r.model = cfg.model;
@@ -237,7 +226,10 @@ TrainResult train(const TrainConfig& cfg_in) {
                  static_cast<long long>(cfg.epochs), static_cast<long long>(steps_per_epoch),
                  static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), r.precision.c_str(), get_num_threads());
 
-  const bool use_autocast = cfg.precision != DType::F32;
+  StepOptions step_opts;  // the step itself is train_step (train/step.h), shared with `memory fit`
+  step_opts.precision = cfg.precision;
+  step_opts.clip_grad_norm = cfg.clip_grad_norm;
+  step_opts.schedule = &sched;
   std::unique_ptr<profiler::Session> prof;
   std::pair<int64_t, int64_t> prof_steps{0, -1};
   if (cfg.profile || !cfg.trace.empty()) {
@@ -272,41 +264,18 @@ TrainResult train(const TrainConfig& cfg_in) {
         batch = train_loader.next();
       }
       if (!batch) break;
-      {
-        profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
-        sched.apply(pos.global_step);
-        opt->zero_grad();
-      }
-      Tensor loss;
-      {
-        profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
-        amp::Autocast ac(kCPU, use_autocast ? cfg.precision : DType::BF16, use_autocast);
-        Tensor logits = (*model)(batch->x);
-        loss = cross_entropy(logits, batch->y);
-      }
-      const double lv = [&] {
-        profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
-        return loss.item();
-      }();
-      if (!std::isfinite(lv) && !scaler.is_enabled()) {
+      step_opts.global_step = pos.global_step;
+      const StepResult sr = train_step(*model, *opt, scaler, batch->x, batch->y, step_opts);
+      const double lv = sr.loss;
+      if (!sr.backward_ran) {  // non-finite loss without a scaler: no backward, no step
         if (cfg.nan_policy == "stop") {
           r.stopped_reason = fmt::format("non-finite loss ({}) at step {}", lv, pos.global_step);
           save({epoch, b_in_epoch, pos.global_step});
           break;
         }
-        ++r.skipped_steps;  // skip: no backward, no step
-      } else {
-        {
-          profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
-          scaler.scale(loss).backward();
-        }
-        profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
-        if (cfg.clip_grad_norm > 0) {
-          scaler.unscale_(*opt);
-          optim::clip_grad_norm_(*opt, cfg.clip_grad_norm);
-        }
-        if (!scaler.step(*opt)) ++r.overflow_events;
-        scaler.update();
+        ++r.skipped_steps;
+      } else if (!sr.stepped) {
+        ++r.overflow_events;
       }
       profiler::sample_memory();
       r.losses.push_back(lv);

@@ -1,0 +1,359 @@
+// `ampforge memory fit`: the largest batch size whose training step fits a memory budget.
+//   memory fit --model NAME --budget 16GiB [--precision fp32|fp16|bf16] [--master-weights]
+//              [--optimizer adamw|sgd] [--max-batch N] [--steps N] [--batch N] [--threads N] [--json]
+// Each probe runs real training steps (the trainer's train_step) of the model on synthetic input, with every
+// tensor coming from a caching allocator over a budgeted host provider of capacity = budget. The search and
+// the breakdown are memory/fit.h; docs/MEMORY.md ("Fit finder") describes the figures.
+// Exit codes: 0 a batch fits (with --batch: that batch fits); 1 not even batch 1 fits (with --batch: that
+// batch does not fit), as `memory replay` exits 1 when its budget is exceeded; 2 bad input.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/amp/grad_scaler.h"
+#include "ampforge/cli/commands.h"
+#include "ampforge/core/allocator.h"
+#include "ampforge/core/generator.h"
+#include "ampforge/memory/budgeted_provider.h"
+#include "ampforge/memory/caching_allocator.h"
+#include "ampforge/memory/fit.h"
+#include "ampforge/memory/host_provider.h"
+#include "ampforge/memory/stats.h"
+#include "ampforge/models/models.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/train/step.h"
+#include "ampforge/util/error.h"
+#include "ampforge/util/thread_pool.h"
+#include "ampforge/util/timer.h"
+
+namespace ampforge::cli {
+
+namespace {
+
+// The input every model of `ampforge train` takes: 1x28x28 images, 10 classes (MNIST, Fashion-MNIST, and
+// the synthetic set all have this shape).
+constexpr int64_t kChannels = 1, kImageSize = 28, kClasses = 10;
+
+struct FitArgs {
+  std::string model, budget, precision = "fp32", optimizer = "adamw";
+  bool master_weights = false;
+  int64_t max_batch = 65536;
+  int64_t steps = 2;
+  int64_t batch = 0;  // > 0: check this one batch size instead of searching
+  int threads = 0;
+  bool json = false;
+};
+
+struct ProbeSetup {
+  train::TrainConfig cfg;  // model, optimizer, precision, master weights: as `ampforge train` would use them
+  int64_t budget = 0;
+  int64_t steps = 2;
+};
+
+// The memory one probe runs on. Heap-allocated: storages keep a pointer to their allocator, so if any
+// tensor outlived the probe (none should), the allocator must outlive it too; it is then kept, not freed.
+struct ProbeMemory {
+  explicit ProbeMemory(size_t budget) : budgeted(host, budget), allocator(budgeted, memory::PolicyConfig::ampforge()) {}
+  memory::HostProvider host;
+  memory::BudgetedProvider budgeted;
+  memory::CachingAllocator allocator;
+};
+
+// Makes `a` the CPU allocator for new storages while in scope.
+class CpuAllocatorScope {
+ public:
+  explicit CpuAllocatorScope(Allocator* a) : previous_(set_allocator(DeviceType::CPU, a)) {}
+  ~CpuAllocatorScope() { set_allocator(DeviceType::CPU, previous_); }
+  CpuAllocatorScope(const CpuAllocatorScope&) = delete;
+  CpuAllocatorScope& operator=(const CpuAllocatorScope&) = delete;
+
+ private:
+  Allocator* previous_;
+};
+
+// Bytes of the distinct storages behind `tensors` (views of one flat buffer count once; `seen` is shared
+// across calls so that no storage is counted in two categories).
+int64_t storage_bytes(const std::vector<Tensor>& tensors, std::set<const StorageImpl*>& seen) {
+  int64_t n = 0;
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.storage() && seen.insert(t.storage().get()).second)
+      n += static_cast<int64_t>(t.storage()->nbytes());
+  return n;
+}
+
+// Frees a probe's memory at the end of its scope, unless a tensor still uses it: then it is kept for the
+// rest of the process (see ProbeMemory). Also on the way out of an unexpected exception.
+class ProbeMemoryOwner {
+ public:
+  explicit ProbeMemoryOwner(size_t budget) : mem_(new ProbeMemory(budget)) {}
+  ~ProbeMemoryOwner() {
+    if (mem_->allocator.stats().allocated.current == 0) {
+      delete mem_;
+      return;
+    }
+    static std::mutex mu;
+    static auto* kept = new std::vector<ProbeMemory*>;
+    std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(mem_);
+  }
+  ProbeMemoryOwner(const ProbeMemoryOwner&) = delete;
+  ProbeMemoryOwner& operator=(const ProbeMemoryOwner&) = delete;
+  memory::CachingAllocator& allocator() { return mem_->allocator; }
+
+ private:
+  ProbeMemory* mem_;
+};
+
+// One probe: build the model, optimizer and scaler and run the training steps (all of them, or only the
+// first for a quick probe) at `batch` under the budget. OutOfMemory anywhere (building included) means
+// "does not fit". Every tensor is dropped before the allocator is inspected, and the next probe starts on
+// a fresh allocator, so probes do not influence each other and each answer is what a fresh process sees.
+memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
+  memory::FitProbe p;
+  p.batch = batch;
+  p.full = full;
+  const int64_t steps = full ? s.steps : 1;
+  const Stopwatch clock;
+  ProbeMemoryOwner mem(static_cast<size_t>(s.budget));
+  memory::CachingAllocator& alloc = mem.allocator();
+  {
+    CpuAllocatorScope scope(&alloc);
+    try {
+      manual_seed(s.cfg.seed);  // the same initial weights in every probe
+      models::ModelOptions mo;
+      mo.in_channels = kChannels;
+      mo.num_classes = kClasses;
+      mo.image_size = kImageSize;
+      nn::ModulePtr model = models::create(s.cfg.model, mo);
+      if (s.cfg.master_weights) model->to(s.cfg.precision);
+      std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(s.cfg, model->parameters());
+      amp::GradScaler scaler(train::grad_scaler_options(s.cfg.precision));
+      // Synthetic input in the layout the data loader produces (channels-last, normalised-looking values).
+      Generator gen(s.cfg.seed + 1);
+      Tensor x = Tensor::empty({batch, kChannels, kImageSize, kImageSize}, DType::F32, kCPU,
+                               MemoryFormat::ChannelsLast);
+      ops::normal_(x, 0.0, 1.0, &gen);
+      Tensor y = Tensor::empty({batch}, DType::I64);
+      for (int64_t i = 0; i < batch; ++i) y.data<int64_t>()[i] = i % kClasses;
+
+      model->train();
+      train::StepOptions so;
+      so.precision = s.cfg.precision;
+      int64_t before_forward = 0, activations = 0;
+      so.after_forward = [&](const Tensor&) {
+        activations = std::max(activations, alloc.stats().requested.current - before_forward);
+      };
+      for (int64_t i = 0; i < steps; ++i) {
+        so.global_step = i;
+        before_forward = alloc.stats().requested.current;
+        train::train_step(*model, *opt, scaler, x, y, so);
+      }
+
+      memory::FitMeasure& m = p.measure;
+      std::set<const StorageImpl*> seen;
+      std::vector<Tensor> params, grads, state;
+      for (const auto& g : opt->param_groups()) {
+        params.push_back(g.flat_params);
+        grads.push_back(g.flat_grads);
+        state.push_back(g.master);
+      }
+      for (auto& [name, t] : model->named_parameters()) params.push_back(t);  // any the optimizer does not hold
+      for (auto& [name, t] : model->named_buffers()) params.push_back(t);
+      for (auto& [name, t] : opt->state_dict()) {
+        // Skip the step counters and learning rates: state_dict() makes those as fresh scalars.
+        const bool scalar = name.ends_with(".step") || name.ends_with(".lr");
+        if (!scalar) state.push_back(t);
+      }
+      m.parameters = storage_bytes(params, seen);
+      m.gradients = storage_bytes(grads, seen);
+      m.optimizer_state = storage_bytes(state, seen);
+      m.inputs = storage_bytes({x, y}, seen);
+      m.activations = activations;
+      p.fits = true;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::OutOfMemory) throw;
+      p.fits = false;
+      p.oom_report = e.what();
+    }
+  }
+  const memory::AllocatorStats st = alloc.stats();
+  p.peak_live = st.requested.peak;
+  p.peak_reserved = st.reserved.peak;
+  p.measure.peak_live = p.peak_live;
+  p.measure.peak_reserved = p.peak_reserved;
+  p.seconds = clock.seconds();
+  return p;
+}
+
+std::string percent_of(int64_t n, int64_t budget) {
+  return fmt::format("{:.1f}%", budget > 0 ? 100.0 * static_cast<double>(n) / static_cast<double>(budget) : 0.0);
+}
+
+int run_fit(const FitArgs& a) {
+  using memory::format_bytes;
+  // Validate everything before the first probe (bad input is exit 2 through AF_CHECK).
+  const uint64_t budget_u = memory::parse_size(a.budget, "--budget");
+  AF_CHECK(budget_u > 0, "--budget: must be more than 0 bytes");
+  AF_CHECK(budget_u <= (uint64_t{1} << 50), "--budget: {} is more than 1 PiB", a.budget);
+  const auto names = models::names();
+  if (std::find(names.begin(), names.end(), a.model) == names.end())
+  {
+    std::string known;
+    for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
+    AF_THROW(InvalidArgument, "--model: unknown model '{}': available models are {}", a.model, known);
+  }
+  AF_CHECK(a.steps >= 1 && a.steps <= 10, "--steps must be in [1, 10], got {}", a.steps);
+  AF_CHECK(a.max_batch >= 1 && a.max_batch <= (int64_t{1} << 40), "--max-batch must be in [1, 2^40], got {}",
+           a.max_batch);
+  AF_CHECK(a.batch >= 0 && a.batch <= (int64_t{1} << 40), "--batch must be in [1, 2^40], got {}", a.batch);
+  AF_CHECK(a.threads >= 0 && a.threads <= 1024, "--threads must be in [0, 1024], got {}", a.threads);
+  ProbeSetup s;
+  s.budget = static_cast<int64_t>(budget_u);
+  s.steps = a.steps;
+  s.cfg.model = a.model;
+  s.cfg.optimizer = a.optimizer;
+  s.cfg.precision = dtype_from_string(a.precision);
+  s.cfg.master_weights = a.master_weights;
+  AF_CHECK(s.cfg.precision == DType::F32 || s.cfg.precision == DType::F16 || s.cfg.precision == DType::BF16,
+           "--precision must be fp32, fp16 or bf16, got '{}'", a.precision);
+  AF_CHECK(!s.cfg.master_weights || s.cfg.precision != DType::F32, "--master-weights needs --precision fp16 or bf16");
+  if (a.threads > 0) set_num_threads(a.threads);
+
+  const int64_t physical = static_cast<int64_t>(memory::HostProvider().capacity());
+  if (physical > 0 && s.budget > physical)
+    std::fprintf(stderr,
+                 "ampforge memory fit: warning: the budget (%s) is more than this machine's memory (%s); probes "
+                 "use real memory and may be killed by the system first (lower --max-batch to stay below it)\n",
+                 format_bytes(s.budget).c_str(), format_bytes(physical).c_str());
+
+  const std::string what = fmt::format("{}, {}{}, {}", a.model, a.precision,
+                                       a.master_weights ? " with master weights" : "", a.optimizer);
+  std::fprintf(stderr, "ampforge memory fit: %s, budget %s, %d threads\n", what.c_str(), format_bytes(s.budget).c_str(),
+               get_num_threads());
+  int n = 0;
+  auto progress = [&](const memory::FitProbe& p, const char* phase) {
+    ++n;
+    const int64_t steps = p.full ? a.steps : 1;
+    std::fprintf(stderr, "  probe %2d %-7s batch %8lld  %lld step%s  %-13s  peak reserved %11s (%6s)  %6.2fs\n", n,
+                 phase, static_cast<long long>(p.batch), static_cast<long long>(steps), steps == 1 ? " " : "s",
+                 p.fits ? "fits" : "out of memory", format_bytes(p.peak_reserved).c_str(),
+                 percent_of(p.peak_reserved, s.budget).c_str(), p.seconds);
+    std::fflush(stderr);
+  };
+  const Stopwatch clock;
+  memory::FitResult r;
+  if (a.batch > 0) {  // one batch size: does it fit?
+    memory::FitProbe p = run_probe(s, a.batch, true);
+    progress(p, "check");
+    (p.fits ? r.best : r.first_failing) = a.batch;
+    r.probes.push_back(std::move(p));
+  } else {
+    memory::FitSearchOptions o;
+    o.budget = s.budget;
+    o.max_batch = a.max_batch;
+    o.granule = static_cast<int64_t>(memory::kHostGranule);
+    o.quick = a.steps > 1;  // search with one step per probe; confirm the answer with all of them
+    r = memory::fit_search([&](int64_t b, bool full) { return run_probe(s, b, full); }, o, progress);
+  }
+  const double seconds = clock.seconds();
+  const bool ok = a.batch > 0 ? r.best == a.batch : r.best > 0;
+
+  if (a.json) {
+    nlohmann::json j = memory::fit_result_to_json(r, s.budget);
+    j["model"] = a.model;
+    j["precision"] = a.precision;
+    j["master_weights"] = a.master_weights;
+    j["optimizer"] = a.optimizer;
+    j["steps"] = a.steps;  // of full probes (the answer; search probes marked "full": false run one)
+    j["max_batch"] = a.max_batch;
+    j["mode"] = a.batch > 0 ? "check" : "search";
+    j["policy"] = "ampforge";
+    j["seconds"] = seconds;
+    if (a.batch > 0) {
+      j["fits"] = ok;
+      if (!ok) j["oom_report"] = r.probes.back().oom_report;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return ok ? 0 : 1;
+  }
+
+  std::printf("memory fit: %s, budget %s (ampforge allocator over a budgeted host provider; the answer checked with "
+              "%lld training step%s)\n",
+              what.c_str(), format_bytes(s.budget).c_str(), static_cast<long long>(a.steps), a.steps == 1 ? "" : "s");
+  if (!ok) {
+    const memory::FitProbe& f = r.probes.back();
+    std::printf("batch %lld does not fit in %s.\n%s", static_cast<long long>(f.batch), format_bytes(s.budget).c_str(),
+                f.oom_report.c_str());
+    if (a.batch == 0)
+      std::printf("  even one example needs more than the budget: give it more memory, or shrink the persistent state "
+                  "(sgd keeps one F32 buffer per parameter, adamw two; master weights add one more)\n");
+    if (s.budget < 4 * static_cast<int64_t>(memory::kHostGranule))
+      std::printf("  note: memory is reserved in %s granules (as on a GPU), so a budget of a few MiB holds very little\n",
+                  format_bytes(static_cast<int64_t>(memory::kHostGranule)).c_str());
+    std::printf("%zu probe%s in %.1fs\n", r.probes.size(), r.probes.size() == 1 ? "" : "s", seconds);
+    return 1;
+  }
+  if (a.batch > 0)
+    std::printf("batch %lld fits\n", static_cast<long long>(r.best));
+  else if (r.limited)
+    std::printf("largest batch that fits: %lld, the --max-batch limit: the budget may hold more (raise --max-batch)\n",
+                static_cast<long long>(r.best));
+  else
+    std::printf("largest batch that fits: %lld (batch %lld does not)\n", static_cast<long long>(r.best),
+                static_cast<long long>(r.first_failing));
+  const memory::FitProbe& bp = *r.best_probe();
+  const memory::FitBreakdown b = memory::fit_breakdown(bp.measure);
+  std::printf("memory at batch %lld:\n%s", static_cast<long long>(r.best),
+              memory::fit_breakdown_format(b, s.budget).c_str());
+  std::printf("peak live %s; %zu probe%s in %.1fs\n", format_bytes(bp.measure.peak_live).c_str(), r.probes.size(),
+              r.probes.size() == 1 ? "" : "s", seconds);
+  return 0;
+}
+
+}  // namespace
+
+// Registered by add_memory_command (cli/memory.cpp) under `memory`.
+Command add_memory_fit_subcommand(CLI::App& memory) {
+  auto a = std::make_shared<FitArgs>();
+  auto* fit = memory.add_subcommand(
+      "fit", "Find the largest batch size whose training step fits a memory budget, and where the memory goes");
+  fit->add_option("--model", a->model, "Model, as `ampforge train --model`: cnn | resnet-small")->required();
+  fit->add_option("--budget", a->budget, "Device memory to fit in, e.g. 16GiB or 512MiB")->required();
+  fit->add_option("--precision", a->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  fit->add_flag("--master-weights", a->master_weights, "16-bit parameters with F32 master weights (Apex O2)");
+  fit->add_option("--optimizer", a->optimizer, "adamw | sgd")
+      ->check(CLI::IsMember({"adamw", "sgd"}))
+      ->capture_default_str();
+  fit->add_option("--max-batch", a->max_batch, "Never probe a batch above this (bounds the time)")->capture_default_str();
+  fit->add_option("--steps", a->steps, "Training steps of the confirming probe (1-10; search probes run one)")
+      ->capture_default_str();
+  fit->add_option("--batch", a->batch, "Check this one batch size instead of searching (exit 0 fits, 1 does not)");
+  fit->add_option("--threads", a->threads, "CPU threads (0: all cores)")->capture_default_str();
+  fit->add_flag("--json", a->json, "Print one JSON object on stdout (progress stays on stderr)");
+  fit->footer(
+      "Each probe builds the model and runs full training steps (forward, backward, optimizer step; autocast and "
+      "GradScaler as `ampforge train`) on synthetic 1x28x28 input, with every tensor in a fresh caching allocator "
+      "over a host provider limited to the budget. The budget is real host memory.\n"
+      "Time: probes cost real compute, about one training step at their batch. The search doubles the batch from 1 "
+      "until a probe runs out of memory (such a probe stops early), predicts the limit from the memory per example "
+      "it measured and settles it with a few more probes: typically 3-5 probes near the answer. Search probes run "
+      "one step (a probe that fails there fails with more steps too); the answer is then confirmed with --steps "
+      "steps, which catches memory only later steps use. The small CNN with --budget 512MiB (batch ~1100) takes "
+      "about 20-30 s on 2 cores; a probe near batch 35000 (where a 16 GiB budget ends) takes over a minute, so a "
+      "16GiB search takes roughly 5-10 minutes and 16 GiB of RAM. --max-batch caps the cost: when it fits, the result is the cap, not the "
+      "limit. --steps 1 skips the confirmation.\n"
+      "CPU kernels' scratch buffers (e.g. convolution columns, at most 64 MiB) come from the heap, not the "
+      "allocator, and are not counted; on a GPU such workspace would be.\n"
+      "Exit status: 0 a batch fits; 1 not even batch 1 fits (with --batch: that batch does not); 2 bad input.");
+  return {fit, [a] { return run_fit(*a); }};
+}
+
+}  // namespace ampforge::cli

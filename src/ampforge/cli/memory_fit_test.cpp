@@ -1,0 +1,153 @@
+// `ampforge memory fit` as a user runs it: the answer B under a small budget fits and B + 1 does not (each
+// checked again in a fresh process with --batch), the breakdown adds up and matches the optimizer's state,
+// and bad input is exit 2 with a message naming the flag.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout only when `merge` is false
+};
+CmdResult run(const std::string& args, bool merge = true) {
+  const std::string cmd = kBin + " " + args + (merge ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+nlohmann::json fit_json(const std::string& args, int expect_code = 0) {
+  CmdResult r = run("memory fit " + args + " --json", false);
+  EXPECT_EQ(r.code, expect_code) << args << "\n" << r.out;
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << r.out;
+    return {};
+  }
+}
+
+int64_t sum_parts(const nlohmann::json& b) {
+  int64_t s = 0;
+  for (const char* k : {"parameters", "gradients", "optimizer_state", "inputs", "activations", "workspace",
+                        "fragmentation"}) {
+    EXPECT_GE(b.at(k).get<int64_t>(), 0) << k;
+    s += b.at(k).get<int64_t>();
+  }
+  return s;
+}
+}  // namespace
+
+TEST(MemoryFitCli, FindsTheLargestBatchUnderASmallBudget) {
+  const int64_t budget = int64_t{64} << 20;
+  nlohmann::json j = fit_json("--model cnn --budget 64MiB --threads 2");
+  ASSERT_TRUE(j.is_object());
+  const int64_t b = j.at("batch").get<int64_t>();
+  ASSERT_GT(b, 1);
+  EXPECT_TRUE(j.at("fits").get<bool>());
+  EXPECT_FALSE(j.at("limited_by_max_batch").get<bool>());
+  EXPECT_EQ(j.at("first_failing_batch").get<int64_t>(), b + 1);
+  EXPECT_EQ(j.at("budget").get<int64_t>(), budget);
+  // The probes include B (fits) and B + 1 (does not).
+  bool saw_b = false, saw_next = false;
+  for (const auto& p : j.at("probes")) {
+    if (p.at("batch") == b) saw_b = p.at("fits").get<bool>();
+    if (p.at("batch") == b + 1) saw_next = !p.at("fits").get<bool>();
+    if (p.at("fits").get<bool>()) {
+      EXPECT_LE(p.at("peak_reserved").get<int64_t>(), budget);
+    }
+  }
+  EXPECT_TRUE(saw_b && saw_next) << j.dump(1);
+  // The breakdown: parts add up to the total (peak reserved), within the budget.
+  const nlohmann::json& bd = j.at("breakdown");
+  EXPECT_EQ(sum_parts(bd), j.at("total").get<int64_t>());
+  EXPECT_EQ(j.at("total").get<int64_t>(), j.at("peak_reserved").get<int64_t>());
+  EXPECT_LE(j.at("total").get<int64_t>(), budget);
+  EXPECT_NEAR(j.at("fraction_of_budget").get<double>(),
+              static_cast<double>(j.at("total").get<int64_t>()) / static_cast<double>(budget), 1e-9);
+  // fp32 AdamW: gradients as large as the flat parameters, two F32 moments each; buffers on top of params.
+  EXPECT_EQ(bd.at("optimizer_state").get<int64_t>(), 2 * bd.at("gradients").get<int64_t>());
+  EXPECT_GE(bd.at("parameters").get<int64_t>(), bd.at("gradients").get<int64_t>());
+  EXPECT_EQ(bd.at("inputs").get<int64_t>(), b * (28 * 28 * 4 + 8));
+  EXPECT_GT(bd.at("activations").get<int64_t>(), bd.at("inputs").get<int64_t>());
+
+  // Each answer again in a fresh process: B fits (exit 0), B + 1 does not (exit 1, with the OOM report).
+  nlohmann::json at_b = fit_json("--model cnn --budget 64MiB --threads 2 --batch " + std::to_string(b), 0);
+  EXPECT_TRUE(at_b.value("fits", false));
+  EXPECT_EQ(at_b.value("peak_reserved", int64_t{-1}), j.at("peak_reserved").get<int64_t>());
+  CmdResult next = run("memory fit --model cnn --budget 64MiB --threads 2 --batch " + std::to_string(b + 1));
+  EXPECT_EQ(next.code, 1) << next.out;
+  EXPECT_NE(next.out.find("does not fit"), std::string::npos) << next.out;
+  EXPECT_NE(next.out.find("what to try"), std::string::npos) << next.out;
+}
+
+TEST(MemoryFitCli, HumanOutputHasTheBreakdown) {
+  CmdResult r = run("memory fit --model cnn --budget 32MiB --threads 2 --steps 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"probe  1 grow", "largest batch that fits:", "parameters", "gradients", "optimizer state",
+                        "activations", "workspace/other", "fragmentation", "total (peak reserved)", "of budget"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(MemoryFitCli, MixedPrecisionAndOptimizerStates) {
+  // bf16 master weights: BF16 gradients (2 bytes per parameter); F32 master + two F32 moments (12 bytes).
+  nlohmann::json bf = fit_json("--model cnn --budget 64MiB --threads 2 --batch 8 --precision bf16 --master-weights");
+  EXPECT_EQ(bf["breakdown"]["optimizer_state"].get<int64_t>(), 6 * bf["breakdown"]["gradients"].get<int64_t>());
+  // fp16 autocast with a GradScaler; SGD with momentum keeps one F32 buffer.
+  nlohmann::json sgd = fit_json("--model cnn --budget 64MiB --threads 2 --batch 8 --precision fp16 --optimizer sgd");
+  EXPECT_EQ(sgd["breakdown"]["optimizer_state"].get<int64_t>(), sgd["breakdown"]["gradients"].get<int64_t>());
+  EXPECT_EQ(sum_parts(sgd["breakdown"]), sgd["total"].get<int64_t>());
+  nlohmann::json resnet = fit_json("--model resnet-small --budget 64MiB --threads 2 --batch 4");
+  EXPECT_TRUE(resnet.value("fits", false));
+}
+
+TEST(MemoryFitCli, NotEvenBatchOneIsExit1WithTheReport) {
+  CmdResult r = run("memory fit --model cnn --budget 1MiB");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("batch 1 does not fit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("out of memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("what to try"), std::string::npos) << r.out;
+  nlohmann::json j = fit_json("--model cnn --budget 1MiB", 1);
+  EXPECT_EQ(j.value("batch", int64_t{-1}), 0);
+  EXPECT_FALSE(j.value("fits", true));
+  EXPECT_NE(j.value("oom_report", std::string()).find("out of memory"), std::string::npos);
+}
+
+TEST(MemoryFitCli, BadInputIsExit2WithAMessage) {
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  for (const Case& c : {Case{"--model cnn --budget '16GB?'", "--budget"}, Case{"--model cnn --budget 16", ""},
+                        Case{"--model cnn --budget 0", "--budget"}, Case{"--model cnn --budget 1.5GiB", "--budget"},
+                        Case{"--model cnn --budget -1GiB", "--budget"}, Case{"--model nope --budget 1GiB", "cnn"},
+                        Case{"--model cnn", "--budget"}, Case{"--budget 1GiB", "--model"},
+                        Case{"--model cnn --budget 1GiB --precision fp8", "fp8"},
+                        Case{"--model cnn --budget 1GiB --master-weights", "--master-weights"},
+                        Case{"--model cnn --budget 1GiB --optimizer lion", "lion"},
+                        Case{"--model cnn --budget 1GiB --max-batch 0", "--max-batch"},
+                        Case{"--model cnn --budget 1GiB --steps 0", "--steps"}}) {
+    CmdResult r = run(std::string("memory fit ") + c.args);
+    if (std::string(c.args) == "--model cnn --budget 16") {
+      // A plain number is bytes: 16 bytes do not hold batch 1 (exit 1), which is not a parse error.
+      EXPECT_EQ(r.code, 1) << c.args << "\n" << r.out;
+      continue;
+    }
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+  }
+  CmdResult h = run("memory fit --help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"--max-batch", "--budget", "Time:", "Exit status"})
+    EXPECT_NE(h.out.find(s), std::string::npos) << s;
+}
