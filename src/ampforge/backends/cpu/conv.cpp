@@ -206,6 +206,27 @@ inline int64_t row_grain(int64_t elems_per_row) {
 
 // col (nb*OH*OW, Kg), columns (kh, kw, c) <- x (nb, H, W, C), channels [c0, c0 + Cg); zeros where the
 // window covers padding.
+// Copies and zero fills of the short runs im2col moves (KW*C values: 3 for a one-channel 3x3 conv). Kept
+// as plain loops: as library calls (what GCC turns such loops into) a 12-byte memmove costs more than the
+// copy itself, and the first conv of an image model makes one per window row and output pixel.
+template <class A>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) inline void copy_run(const A* __restrict s,
+                                                                                   A* __restrict d, int64_t n) {
+  if (n > 32) {
+    std::copy_n(s, n, d);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+template <class A>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) inline void zero_run(A* d, int64_t n) {
+  if (n > 32) {
+    std::fill_n(d, n, A(0));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = A(0);
+}
+
 template <class A>
 void im2col(const A* x, int64_t nb, const Geom& g, int64_t c0, A* col) {
   const bool runs = g.dw == 1 && g.Cg == g.C;  // a window row is one contiguous run of KW*C values
@@ -219,22 +240,22 @@ void im2col(const A* x, int64_t nb, const Geom& g, int64_t c0, A* col) {
           A* d = dst + ow * g.Kg + kh * g.KW * g.Cg;
           const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
           if (ih < 0 || ih >= g.H) {
-            std::fill_n(d, g.KW * g.Cg, A(0));
+            zero_run(d, g.KW * g.Cg);
             continue;
           }
           const A* srow = x + (n * g.H + ih) * g.W * g.C + c0;
           if (runs) {
             const int64_t lo = std::clamp<int64_t>(-iw0, 0, g.KW), hi = std::clamp<int64_t>(g.W - iw0, lo, g.KW);
-            std::fill_n(d, lo * g.C, A(0));
-            std::copy_n(srow + (iw0 + lo) * g.C, (hi - lo) * g.C, d + lo * g.C);
-            std::fill_n(d + hi * g.C, (g.KW - hi) * g.C, A(0));
+            zero_run(d, lo * g.C);
+            copy_run(srow + (iw0 + lo) * g.C, d + lo * g.C, (hi - lo) * g.C);
+            zero_run(d + hi * g.C, (g.KW - hi) * g.C);
           } else {
             for (int64_t kw = 0; kw < g.KW; ++kw) {
               const int64_t iw = iw0 + kw * g.dw;
               if (iw < 0 || iw >= g.W)
-                std::fill_n(d + kw * g.Cg, g.Cg, A(0));
+                zero_run(d + kw * g.Cg, g.Cg);
               else
-                std::copy_n(srow + iw * g.C, g.Cg, d + kw * g.Cg);
+                copy_run(srow + iw * g.C, d + kw * g.Cg, g.Cg);
             }
           }
         }
