@@ -6,9 +6,13 @@
 #  - CLI11: subcommands, --help, strict option parsing for the ampforge CLI.
 #  - nlohmann-json: --json output, snapshots, safetensors headers.
 #  - zlib: gzip-compressed IDX files (Fashion-MNIST ships .gz).
+#  - SLEEF (libsleef-dev): vectorised exp/log/tanh/erf for the CPU elementwise and softmax kernels (the
+#    same library PyTorch's CPU kernels vectorise with). Optional: without it those loops call std::.
 #  - GoogleTest / Google Benchmark: tests and micro-benchmarks.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+pkg_check_modules(SLEEF QUIET IMPORTED_TARGET sleef)
+message(STATUS "ampforge: SLEEF vectorised math ${SLEEF_FOUND}")
 find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)

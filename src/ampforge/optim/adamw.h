@@ -12,7 +12,7 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 1e-2;
-  RoundingOptions rounding;  // BF16 master-weight mode: stochastic rounding of the model copy
+  RoundingOptions rounding = {};  // BF16 master-weight mode: stochastic rounding of the model copy
 };
 
 class AdamW final : public Optimizer {
@@ -28,7 +28,7 @@ struct SGDOptions {
   double lr = 0.01;
   double momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
-  RoundingOptions rounding;  // BF16 master-weight mode: stochastic rounding of the model copy
+  RoundingOptions rounding = {};  // BF16 master-weight mode: stochastic rounding of the model copy
 };
 
 // SGD with momentum / Nesterov / weight decay, as torch.optim.SGD.

@@ -69,6 +69,35 @@ TEST(Trainer, MixedPrecisionResumeKeepsTheScaler) {
   EXPECT_EQ(a.loss_scale, b.loss_scale);
 }
 
+TEST(Trainer, StochasticRoundingResumesExactlyAndDiffersFromNearest) {
+  // BF16 parameters with F32 masters: the rounding noise is counted by the optimizer's step, so a resumed
+  // run draws the same noise as an uninterrupted one; and it does change the trajectory.
+  train::TrainConfig full = small_config();
+  full.precision = DType::BF16;
+  full.master_weights = true;
+  full.stochastic_rounding = true;
+  full.max_steps = 10;
+  train::TrainResult a = train::train(full);
+  train::TrainConfig first = full;
+  first.max_steps = 6;
+  first.save = tmp("resume_sr.safetensors").string();
+  train::train(first);
+  train::TrainConfig second = full;
+  second.resume = first.save;
+  train::TrainResult b = train::train(second);
+  ASSERT_EQ(b.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a.losses[6 + i], b.losses[i]) << "step " << 6 + i;
+  train::TrainConfig nearest = full;
+  nearest.stochastic_rounding = false;
+  train::TrainResult n = train::train(nearest);
+  EXPECT_NE(a.losses, n.losses);
+  // Without BF16 master weights the option is a configuration error.
+  train::TrainConfig bad = small_config();
+  bad.stochastic_rounding = true;
+  bad.precision = DType::F16;
+  EXPECT_THROW(train::train(bad), Error);
+}
+
 TEST(Trainer, BadCheckpointsAreClearErrors) {
   train::TrainConfig c = small_config();
   c.max_steps = 2;

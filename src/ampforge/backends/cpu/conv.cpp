@@ -14,10 +14,16 @@
 // exception: F32/F64 NCHW 1x1 stride-1 unpadded convs run as one GEMM per image on the tensors as they are.
 // 1x1 stride-1 unpadded convs never build columns: the NHWC input already is the column matrix.
 //
-// Batching: as many images as fit Conv2dAttrs::max_scratch_bytes (default 64 MiB; columns plus staging
-// buffers) go through one GEMM, at least one image. The GEMM splits itself over the thread pool; im2col,
-// col2im and staging use parallel_for. No other threads.
-//
+// Scheduling (the Plan below): by default the batch is cut into tiles of whole images whose scratch
+// (staging, columns) is about kTileBytes, and the pool runs tiles in parallel, each tile's staging, im2col,
+// GEMM and col2im on one thread. A tile's columns stay in L2 between the im2col that writes them and the
+// GEMM that reads them (and between the GEMM and col2im), instead of a batch-sized column matrix making a
+// round trip through DRAM. When there are fewer tiles than threads (a few large images), the old way
+// applies: as many images as fit Conv2dAttrs::max_scratch_bytes (default 64 MiB) go through one GEMM that
+// splits itself over the pool. Nested parallel_for calls run serially, so the same code serves both.
+// Weight gradients of tiled runs are summed per block of tiles into at most kMaxWeightPartials partial
+// buffers, then added in block order: the block layout depends on the shapes only, so the result is the
+// same for every thread count.
 // Contract (ops/conv.cpp guarantees it): x, out, grad_out, grad_in are 4-D and each independently
 // contiguous or channels-last contiguous; weight (C_out, C_in/groups, kH, kW) and bias (C_out) have any
 // strides; one floating dtype throughout. Outputs are overwritten.
@@ -37,6 +43,8 @@ namespace ampforge::cpu {
 namespace {
 
 constexpr int64_t kDefaultScratchBytes = int64_t{64} << 20;
+constexpr int64_t kTileBytes = int64_t{512} << 10;  // per-task scratch target: about half a Zen 3 L2
+constexpr int64_t kMaxWeightPartials = 16;
 constexpr int64_t kTile = 32;  // transpose tile edge
 
 struct Geom {
@@ -198,6 +206,27 @@ inline int64_t row_grain(int64_t elems_per_row) {
 
 // col (nb*OH*OW, Kg), columns (kh, kw, c) <- x (nb, H, W, C), channels [c0, c0 + Cg); zeros where the
 // window covers padding.
+// Copies and zero fills of the short runs im2col moves (KW*C values: 3 for a one-channel 3x3 conv). Kept
+// as plain loops: as library calls (what GCC turns such loops into) a 12-byte memmove costs more than the
+// copy itself, and the first conv of an image model makes one per window row and output pixel.
+template <class A>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) inline void copy_run(const A* __restrict s,
+                                                                                   A* __restrict d, int64_t n) {
+  if (n > 32) {
+    std::copy_n(s, n, d);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+template <class A>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) inline void zero_run(A* d, int64_t n) {
+  if (n > 32) {
+    std::fill_n(d, n, A(0));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = A(0);
+}
+
 template <class A>
 void im2col(const A* x, int64_t nb, const Geom& g, int64_t c0, A* col) {
   const bool runs = g.dw == 1 && g.Cg == g.C;  // a window row is one contiguous run of KW*C values
@@ -211,22 +240,22 @@ void im2col(const A* x, int64_t nb, const Geom& g, int64_t c0, A* col) {
           A* d = dst + ow * g.Kg + kh * g.KW * g.Cg;
           const int64_t ih = oh * g.sh - g.ph + kh * g.dh;
           if (ih < 0 || ih >= g.H) {
-            std::fill_n(d, g.KW * g.Cg, A(0));
+            zero_run(d, g.KW * g.Cg);
             continue;
           }
           const A* srow = x + (n * g.H + ih) * g.W * g.C + c0;
           if (runs) {
             const int64_t lo = std::clamp<int64_t>(-iw0, 0, g.KW), hi = std::clamp<int64_t>(g.W - iw0, lo, g.KW);
-            std::fill_n(d, lo * g.C, A(0));
-            std::copy_n(srow + (iw0 + lo) * g.C, (hi - lo) * g.C, d + lo * g.C);
-            std::fill_n(d + hi * g.C, (g.KW - hi) * g.C, A(0));
+            zero_run(d, lo * g.C);
+            copy_run(srow + (iw0 + lo) * g.C, d + lo * g.C, (hi - lo) * g.C);
+            zero_run(d + hi * g.C, (g.KW - hi) * g.C);
           } else {
             for (int64_t kw = 0; kw < g.KW; ++kw) {
               const int64_t iw = iw0 + kw * g.dw;
               if (iw < 0 || iw >= g.W)
-                std::fill_n(d + kw * g.Cg, g.Cg, A(0));
+                zero_run(d + kw * g.Cg, g.Cg);
               else
-                std::copy_n(srow + iw * g.C, g.Cg, d + kw * g.Cg);
+                copy_run(srow + iw * g.C, d + kw * g.Cg, g.Cg);
             }
           }
         }
@@ -281,6 +310,39 @@ int64_t images_per_batch(int64_t per_image_elems, int64_t elem_size, const Conv2
   return std::clamp<int64_t>(limit / per, 1, std::max<int64_t>(N, 1));
 }
 
+// How a call spreads its images over the pool (see the header comment).
+struct Plan {
+  int64_t images;  // per tile (tiled) or per batch
+  bool tiled;
+  int64_t tiles(int64_t N) const { return (N + images - 1) / images; }
+};
+
+// per_image_elems: all scratch per image (bounds batches by max_scratch_bytes). The tile size counts the
+// columns only (pixels x (C + Co) for 1x1 convs), so that NCHW (staged) and NHWC (direct) tensors get the
+// same tiles and therefore bit-identical results.
+Plan plan_images(const Geom& g, int64_t per_image_elems, int64_t elem_size, const Conv2dAttrs& a) {
+  const int64_t N = g.N;
+  const int64_t batch = images_per_batch(per_image_elems, elem_size, a, N);
+  if (per_image_elems == 0) return {batch, false};  // nothing to keep in cache: one GEMM over the tensors
+  const int64_t cols = g.pointwise ? g.P * (g.C + g.Co) : g.P * g.Kg;
+  const int64_t tile = std::clamp<int64_t>(kTileBytes / std::max<int64_t>(1, cols * elem_size), 1, batch);
+  const Plan p{tile, true};
+  return p.tiles(N) >= get_num_threads() ? p : Plan{batch, false};
+}
+
+// Calls fn(n_begin, n_end) on disjoint image ranges covering [0, N): one call per task over whole tiles
+// when tiled (in parallel; fn's own parallel_for calls then run serially), else one call for everything.
+// fn allocates its scratch for plan.images images and walks its range plan.images at a time.
+template <class F>
+void for_each_task(const Plan& p, int64_t N, F&& fn) {
+  if (!p.tiled) {
+    fn(int64_t{0}, N);
+    return;
+  }
+  parallel_for(p.tiles(N), 1,
+               [&](int64_t t0, int64_t t1) { fn(t0 * p.images, std::min(t1 * p.images, N)); });
+}
+
 // Whether the F32/F64 NCHW pointwise path applies: every image tensor NCHW and used in place.
 template <class S>
 bool nchw_pointwise(const Geom& g, std::initializer_list<const Tensor*> ts) {
@@ -327,38 +389,39 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
   const bool y_direct = std::is_same_v<S, A> && is_nhwc(y);
   const int64_t per_image =
       (x_direct ? 0 : g.H * g.W * g.C) + (g.pointwise ? 0 : g.P * g.Kg) + (y_direct ? 0 : g.P * g.Co);
-  const int64_t nb_max = images_per_batch(per_image, sizeof(A), a, g.N);
-  auto xbuf = scratch<A>(x_direct ? 0 : nb_max * g.H * g.W * g.C);
-  auto col = scratch<A>(g.pointwise ? 0 : nb_max * g.P * g.Kg);
-  auto ybuf = scratch<A>(y_direct ? 0 : nb_max * g.P * g.Co);
-
-  for (int64_t n0 = 0; n0 < g.N; n0 += nb_max) {
-    const int64_t nb = std::min(nb_max, g.N - n0), M = nb * g.P;
-    const A* xin;  // (nb, H, W, C)
-    if (x_direct) {
-      xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
-    } else {
-      stage_from<S, A>(x, n0, nb, xbuf.get());
-      xin = xbuf.get();
-    }
-    A* yout = y_direct ? static_cast<A*>(y.data_ptr()) + n0 * g.P * g.Co : ybuf.get();  // (nb*P, Co)
-    if (bias)
-      parallel_for(M, row_grain(g.Co), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) std::copy_n(bv.data(), g.Co, yout + r * g.Co);
-      });
-    for (int64_t gi = 0; gi < g.G; ++gi) {
-      MatRef am{nullptr, 0, 0};
-      if (g.pointwise) {
-        am = MatRef{xin + gi * g.Cg, g.C, 1};
+  const Plan plan = plan_images(g, per_image, sizeof(A), a);
+  for_each_task(plan, g.N, [&](int64_t n_begin, int64_t n_end) {
+    auto xbuf = scratch<A>(x_direct ? 0 : plan.images * g.H * g.W * g.C);
+    auto col = scratch<A>(g.pointwise ? 0 : plan.images * g.P * g.Kg);
+    auto ybuf = scratch<A>(y_direct ? 0 : plan.images * g.P * g.Co);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
+      const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
+      const A* xin;  // (nb, H, W, C)
+      if (x_direct) {
+        xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
       } else {
-        im2col(xin, nb, g, gi * g.Cg, col.get());
-        am = MatRef{col.get(), g.Kg, 1};
+        stage_from<S, A>(x, n0, nb, xbuf.get());
+        xin = xbuf.get();
       }
-      // B (Kg, Cog) = Wm_g^T: element (k, o) at o*Kg + k.
-      gemm(M, g.Cog, g.Kg, am, MatRef{wm.data() + gi * g.Cog * g.Kg, 1, g.Kg}, beta, yout + gi * g.Cog, g.Co);
+      A* yout = y_direct ? static_cast<A*>(y.data_ptr()) + n0 * g.P * g.Co : ybuf.get();  // (nb*P, Co)
+      if (bias)
+        parallel_for(M, row_grain(g.Co), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) std::copy_n(bv.data(), g.Co, yout + r * g.Co);
+        });
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        MatRef am{nullptr, 0, 0};
+        if (g.pointwise) {
+          am = MatRef{xin + gi * g.Cg, g.C, 1};
+        } else {
+          im2col(xin, nb, g, gi * g.Cg, col.get());
+          am = MatRef{col.get(), g.Kg, 1};
+        }
+        // B (Kg, Cog) = Wm_g^T: element (k, o) at o*Kg + k.
+        gemm(M, g.Cog, g.Kg, am, MatRef{wm.data() + gi * g.Cog * g.Kg, 1, g.Kg}, beta, yout + gi * g.Cog, g.Co);
+      }
+      if (!y_direct) stage_to<S, A>(yout, y, n0, nb);
     }
-    if (!y_direct) stage_to<S, A>(yout, y, n0, nb);
-  }
+  });
 }
 
 // ---- backward input -----------------------------------------------------------------------------
@@ -385,33 +448,34 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
   const bool gx_direct = std::is_same_v<S, A> && is_nhwc(gx);
   const int64_t per_image =
       (gy_direct ? 0 : g.P * g.Co) + (g.pointwise ? 0 : g.P * g.Kg) + (gx_direct ? 0 : g.H * g.W * g.C);
-  const int64_t nb_max = images_per_batch(per_image, sizeof(A), a, g.N);
-  auto gybuf = scratch<A>(gy_direct ? 0 : nb_max * g.P * g.Co);
-  auto gcol = scratch<A>(g.pointwise ? 0 : nb_max * g.P * g.Kg);
-  auto gxbuf = scratch<A>(gx_direct ? 0 : nb_max * g.H * g.W * g.C);
-
-  for (int64_t n0 = 0; n0 < g.N; n0 += nb_max) {
-    const int64_t nb = std::min(nb_max, g.N - n0), M = nb * g.P;
-    const A* gyin;  // (nb*P, Co)
-    if (gy_direct) {
-      gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
-    } else {
-      stage_from<S, A>(gy, n0, nb, gybuf.get());
-      gyin = gybuf.get();
-    }
-    A* gxout = gx_direct ? static_cast<A*>(gx.data_ptr()) + n0 * g.H * g.W * g.C : gxbuf.get();  // (nb, H, W, C)
-    for (int64_t gi = 0; gi < g.G; ++gi) {
-      const MatRef am{gyin + gi * g.Cog, g.Co, 1};              // (M, Cog)
-      const MatRef bm{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1};  // (Cog, Kg)
-      if (g.pointwise) {
-        gemm(M, g.Cg, g.Cog, am, bm, A(0), gxout + gi * g.Cg, g.C);  // input pixels = output pixels
+  const Plan plan = plan_images(g, per_image, sizeof(A), a);
+  for_each_task(plan, g.N, [&](int64_t n_begin, int64_t n_end) {
+    auto gybuf = scratch<A>(gy_direct ? 0 : plan.images * g.P * g.Co);
+    auto gcol = scratch<A>(g.pointwise ? 0 : plan.images * g.P * g.Kg);
+    auto gxbuf = scratch<A>(gx_direct ? 0 : plan.images * g.H * g.W * g.C);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
+      const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
+      const A* gyin;  // (nb*P, Co)
+      if (gy_direct) {
+        gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
       } else {
-        gemm(M, g.Kg, g.Cog, am, bm, A(0), gcol.get(), g.Kg);
-        col2im(gcol.get(), nb, g, gi * g.Cg, gxout);
+        stage_from<S, A>(gy, n0, nb, gybuf.get());
+        gyin = gybuf.get();
       }
+      A* gxout = gx_direct ? static_cast<A*>(gx.data_ptr()) + n0 * g.H * g.W * g.C : gxbuf.get();  // (nb, H, W, C)
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        const MatRef am{gyin + gi * g.Cog, g.Co, 1};              // (M, Cog)
+        const MatRef bm{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1};  // (Cog, Kg)
+        if (g.pointwise) {
+          gemm(M, g.Cg, g.Cog, am, bm, A(0), gxout + gi * g.Cg, g.C);  // input pixels = output pixels
+        } else {
+          gemm(M, g.Kg, g.Cog, am, bm, A(0), gcol.get(), g.Kg);
+          col2im(gcol.get(), nb, g, gi * g.Cg, gxout);
+        }
+      }
+      if (!gx_direct) stage_to<S, A>(gxout, gx, n0, nb);
     }
-    if (!gx_direct) stage_to<S, A>(gxout, gx, n0, nb);
-  }
+  });
 }
 
 // ---- backward weight ----------------------------------------------------------------------------
@@ -438,38 +502,60 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
   const bool x_direct = std::is_same_v<S, A> && is_nhwc(x);
   const int64_t per_image =
       (gy_direct ? 0 : g.P * g.Co) + (g.pointwise ? 0 : g.P * g.Kg) + (x_direct ? 0 : g.H * g.W * g.C);
-  const int64_t nb_max = images_per_batch(per_image, sizeof(A), a, g.N);
-  auto gybuf = scratch<A>(gy_direct ? 0 : nb_max * g.P * g.Co);
-  auto col = scratch<A>(g.pointwise ? 0 : nb_max * g.P * g.Kg);
-  auto xbuf = scratch<A>(x_direct ? 0 : nb_max * g.H * g.W * g.C);
-
-  for (int64_t n0 = 0; n0 < g.N; n0 += nb_max) {
-    const int64_t nb = std::min(nb_max, g.N - n0), M = nb * g.P;
-    const A* gyin;  // (nb*P, Co)
-    if (gy_direct) {
-      gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
-    } else {
-      stage_from<S, A>(gy, n0, nb, gybuf.get());
-      gyin = gybuf.get();
-    }
-    const A* xin;  // (nb, H, W, C)
-    if (x_direct) {
-      xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
-    } else {
-      stage_from<S, A>(x, n0, nb, xbuf.get());
-      xin = xbuf.get();
-    }
-    for (int64_t gi = 0; gi < g.G; ++gi) {
-      MatRef bm{nullptr, 0, 0};  // (M, Kg)
-      if (g.pointwise) {
-        bm = MatRef{xin + gi * g.Cg, g.C, 1};
+  const Plan plan = plan_images(g, per_image, sizeof(A), a);
+  // Adds images [n_begin, n_end)'s contribution into acc (Co, KH, KW, Cg).
+  auto accumulate = [&](int64_t n_begin, int64_t n_end, A* acc) {
+    auto gybuf = scratch<A>(gy_direct ? 0 : plan.images * g.P * g.Co);
+    auto col = scratch<A>(g.pointwise ? 0 : plan.images * g.P * g.Kg);
+    auto xbuf = scratch<A>(x_direct ? 0 : plan.images * g.H * g.W * g.C);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
+      const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
+      const A* gyin;  // (nb*P, Co)
+      if (gy_direct) {
+        gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
       } else {
-        im2col(xin, nb, g, gi * g.Cg, col.get());
-        bm = MatRef{col.get(), g.Kg, 1};
+        stage_from<S, A>(gy, n0, nb, gybuf.get());
+        gyin = gybuf.get();
       }
-      // gWm_g (Cog, Kg) += gy_g^T (Cog, M) @ col (M, Kg); gy_g^T element (o, r) at r*Co + o.
-      gemm(g.Cog, g.Kg, M, MatRef{gyin + gi * g.Cog, 1, g.Co}, bm, A(1), gwm.data() + gi * g.Cog * g.Kg, g.Kg);
+      const A* xin;  // (nb, H, W, C)
+      if (x_direct) {
+        xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
+      } else {
+        stage_from<S, A>(x, n0, nb, xbuf.get());
+        xin = xbuf.get();
+      }
+      for (int64_t gi = 0; gi < g.G; ++gi) {
+        MatRef bm{nullptr, 0, 0};  // (M, Kg)
+        if (g.pointwise) {
+          bm = MatRef{xin + gi * g.Cg, g.C, 1};
+        } else {
+          im2col(xin, nb, g, gi * g.Cg, col.get());
+          bm = MatRef{col.get(), g.Kg, 1};
+        }
+        // acc_g (Cog, Kg) += gy_g^T (Cog, M) @ col (M, Kg); gy_g^T element (o, r) at r*Co + o.
+        gemm(g.Cog, g.Kg, M, MatRef{gyin + gi * g.Cog, 1, g.Co}, bm, A(1), acc + gi * g.Cog * g.Kg, g.Kg);
+      }
     }
+  };
+  if (g.N > 0 && !plan.tiled) {
+    accumulate(0, g.N, gwm.data());
+  } else if (g.N > 0) {
+    // Blocks of consecutive tiles, each summed into its own buffer, then the buffers in block order.
+    const int64_t wsize = g.Co * g.Kg, tiles = plan.tiles(g.N);
+    const int64_t limit = a.max_scratch_bytes > 0 ? a.max_scratch_bytes : kDefaultScratchBytes;
+    const int64_t blocks =
+        std::clamp<int64_t>(limit / std::max<int64_t>(1, wsize * static_cast<int64_t>(sizeof(A))), 1,
+                            std::min(kMaxWeightPartials, tiles));
+    std::vector<A> partial(static_cast<size_t>(blocks * wsize), A(0));
+    parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t t0 = b * tiles / blocks, t1 = (b + 1) * tiles / blocks;
+        accumulate(t0 * plan.images, std::min(t1 * plan.images, g.N), partial.data() + b * wsize);
+      }
+    });
+    parallel_for(wsize, 4096, [&](int64_t e0, int64_t e1) {
+      for (int64_t b = 0; b < blocks; ++b) add_into(gwm.data() + e0, partial.data() + b * wsize + e0, e1 - e0);
+    });
   }
   unpack_weight<S, A>(gwm.data(), gw);
 }

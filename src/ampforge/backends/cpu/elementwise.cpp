@@ -5,6 +5,7 @@
 
 #include "ampforge/backends/cpu/loops.h"
 #include "ampforge/backends/cpu/register.h"
+#include "ampforge/backends/cpu/vec_math.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/core/generator.h"
@@ -22,6 +23,33 @@ void unary_float(const KernelArgs& a, const char* what, F f) {
     map_kernel<S, S, A, 1>(a.out(0), {&a.in(0)}, [&](A* o, const A* const* in, int64_t n) {
       const A* x = in[0];
       for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+    });
+  });
+}
+
+// Transcendental unary ops: f(o, x, t, n) computes o[0, n) from x[0, n) with whole-array calls into
+// vec_math.h, using t (n scratch values) for intermediates; called on pieces of at most kChunk. o may be x.
+template <class F>
+void unary_vec(const KernelArgs& a, const char* what, F f) {
+  visit_float(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 1>(a.out(0), {&a.in(0)}, [&](A* o, const A* const* in, int64_t n) {
+      alignas(64) A t[kChunk];
+      for (int64_t c = 0; c < n; c += kChunk) f(o + c, in[0] + c, t, std::min(kChunk, n - c));
+    });
+  });
+}
+
+// The same for backward kernels: f(o, g, x, t, n) with g the incoming gradient.
+template <class F>
+void binary_vec(const KernelArgs& a, const char* what, F f) {
+  visit_float(a.out(0).dtype(), what, [&](auto tag) {
+    using S = decltype(tag);
+    using A = compute_t<S>;
+    map_kernel<S, S, A, 2>(a.out(0), {&a.in(0), &a.in(1)}, [&](A* o, const A* const* in, int64_t n) {
+      alignas(64) A t[kChunk];
+      for (int64_t c = 0; c < n; c += kChunk) f(o + c, in[0] + c, in[1] + c, t, std::min(kChunk, n - c));
     });
   });
 }
@@ -204,18 +232,27 @@ void rand_normal_kernel(const KernelArgs& a) {
 
 // ---- math ----------------------------------------------------------------------------------------
 
+// Array forms (see unary_vec): o may alias x; t is scratch of n values.
+constexpr double kSqrtHalf = 0.70710678118654752440, kSqrt2OverPi = 0.79788456080286535588,
+                 kInvSqrt2Pi = 0.39894228040143267794, kGeluTanhC = 0.044715;
+
 template <class A>
-inline A gelu_erf(A x) {
-  return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440)));
+void sigmoid_n(A* o, const A* x, A* t, int64_t n) {  // 1 / (1 + exp(-x))
+  for (int64_t i = 0; i < n; ++i) t[i] = -x[i];
+  vmath::exp(t, t, n);
+  for (int64_t i = 0; i < n; ++i) o[i] = A(1) / (A(1) + t[i]);
 }
 template <class A>
-inline A gelu_tanh(A x) {
-  const A k = A(0.79788456080286535588);  // sqrt(2/pi)
-  return A(0.5) * x * (A(1) + std::tanh(k * (x + A(0.044715) * x * x * x)));
+void gelu_erf_n(A* o, const A* x, A* t, int64_t n) {  // x * Phi(x)
+  for (int64_t i = 0; i < n; ++i) t[i] = x[i] * A(kSqrtHalf);
+  vmath::erf(t, t, n);
+  for (int64_t i = 0; i < n; ++i) o[i] = A(0.5) * x[i] * (A(1) + t[i]);
 }
 template <class A>
-inline A sigmoid_fn(A x) {
-  return A(1) / (A(1) + std::exp(-x));
+void gelu_tanh_n(A* o, const A* x, A* t, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) t[i] = A(kSqrt2OverPi) * (x[i] + A(kGeluTanhC) * x[i] * x[i] * x[i]);
+  vmath::tanh(t, t, n);
+  for (int64_t i = 0; i < n; ++i) o[i] = A(0.5) * x[i] * (A(1) + t[i]);
 }
 
 void where_kernel(const KernelArgs& a) {
@@ -247,8 +284,12 @@ void register_elementwise_cpu() {
   reg(OpId::sign, [](const KernelArgs& a) {
     unary_arith(a, "sign", [](auto x) { return static_cast<decltype(x)>((x > 0) - (x < 0)); });
   });
-  reg(OpId::exp, [](const KernelArgs& a) { unary_float(a, "exp", [](auto x) { return std::exp(x); }); });
-  reg(OpId::log, [](const KernelArgs& a) { unary_float(a, "log", [](auto x) { return std::log(x); }); });
+  reg(OpId::exp, [](const KernelArgs& a) {
+    unary_vec(a, "exp", [](auto* o, const auto* x, auto*, int64_t n) { vmath::exp(x, o, n); });
+  });
+  reg(OpId::log, [](const KernelArgs& a) {
+    unary_vec(a, "log", [](auto* o, const auto* x, auto*, int64_t n) { vmath::log(x, o, n); });
+  });
   reg(OpId::sqrt, [](const KernelArgs& a) { unary_float(a, "sqrt", [](auto x) { return std::sqrt(x); }); });
   reg(OpId::rsqrt, [](const KernelArgs& a) {
     unary_float(a, "rsqrt", [](auto x) { return decltype(x)(1) / std::sqrt(x); });
@@ -258,13 +299,22 @@ void register_elementwise_cpu() {
   });
   reg(OpId::gelu, [](const KernelArgs& a) {
     if (a.attr<GeluAttrs>().approximate == GeluApprox::Tanh)
-      unary_float(a, "gelu", [](auto x) { return gelu_tanh(x); });
+      unary_vec(a, "gelu", [](auto* o, const auto* x, auto* t, int64_t n) { gelu_tanh_n(o, x, t, n); });
     else
-      unary_float(a, "gelu", [](auto x) { return gelu_erf(x); });
+      unary_vec(a, "gelu", [](auto* o, const auto* x, auto* t, int64_t n) { gelu_erf_n(o, x, t, n); });
   });
-  reg(OpId::silu, [](const KernelArgs& a) { unary_float(a, "silu", [](auto x) { return x * sigmoid_fn(x); }); });
-  reg(OpId::sigmoid, [](const KernelArgs& a) { unary_float(a, "sigmoid", [](auto x) { return sigmoid_fn(x); }); });
-  reg(OpId::tanh, [](const KernelArgs& a) { unary_float(a, "tanh", [](auto x) { return std::tanh(x); }); });
+  reg(OpId::silu, [](const KernelArgs& a) {
+    unary_vec(a, "silu", [](auto* o, const auto* x, auto* t, int64_t n) {
+      sigmoid_n(t, x, t, n);
+      for (int64_t i = 0; i < n; ++i) o[i] = x[i] * t[i];
+    });
+  });
+  reg(OpId::sigmoid, [](const KernelArgs& a) {
+    unary_vec(a, "sigmoid", [](auto* o, const auto* x, auto* t, int64_t n) { sigmoid_n(o, x, t, n); });
+  });
+  reg(OpId::tanh, [](const KernelArgs& a) {
+    unary_vec(a, "tanh", [](auto* o, const auto* x, auto*, int64_t n) { vmath::tanh(x, o, n); });
+  });
   reg(OpId::add_scalar, [](const KernelArgs& a) {
     const double s = a.attr<ScalarAttrs>().scalar;
     unary_arith(a, "add", [s](auto x) { return static_cast<decltype(x)>(x + static_cast<decltype(x)>(s)); });
@@ -316,26 +366,36 @@ void register_elementwise_cpu() {
   });
   reg(OpId::gelu_backward, [](const KernelArgs& a) {
     if (a.attr<GeluAttrs>().approximate == GeluApprox::Tanh) {
-      binary_float(a, "gelu_backward", [](auto g, auto x) {
-        using A = decltype(x);
-        const A k = A(0.79788456080286535588), c = A(0.044715);
-        const A t = std::tanh(k * (x + c * x * x * x));
-        return g * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k * (A(1) + A(3) * c * x * x));
+      binary_vec(a, "gelu_backward", [](auto* o, const auto* g, const auto* x, auto* t, int64_t n) {
+        using A = std::remove_cvref_t<decltype(*t)>;
+        const A k = A(kSqrt2OverPi), c = A(kGeluTanhC);
+        for (int64_t i = 0; i < n; ++i) t[i] = k * (x[i] + c * x[i] * x[i] * x[i]);
+        vmath::tanh(t, t, n);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = g[i] * (A(0.5) * (A(1) + t[i]) + A(0.5) * x[i] * (A(1) - t[i] * t[i]) * k *
+                                                     (A(1) + A(3) * c * x[i] * x[i]));
       });
     } else {
-      binary_float(a, "gelu_backward", [](auto g, auto x) {
-        using A = decltype(x);
-        const A cdf = A(0.5) * (A(1) + std::erf(x * A(0.70710678118654752440)));
-        const A pdf = std::exp(A(-0.5) * x * x) * A(0.39894228040143267794);
-        return g * (cdf + x * pdf);
+      binary_vec(a, "gelu_backward", [](auto* o, const auto* g, const auto* x, auto* t, int64_t n) {
+        using A = std::remove_cvref_t<decltype(*t)>;
+        // d/dx x Phi(x) = Phi(x) + x phi(x); o holds phi's exponent, t the erf.
+        alignas(64) A p[kChunk];
+        for (int64_t i = 0; i < n; ++i) {
+          t[i] = x[i] * A(kSqrtHalf);
+          p[i] = A(-0.5) * x[i] * x[i];
+        }
+        vmath::erf(t, t, n);
+        vmath::exp(p, p, n);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = g[i] * (A(0.5) * (A(1) + t[i]) + x[i] * p[i] * A(kInvSqrt2Pi));
       });
     }
   });
   reg(OpId::silu_backward, [](const KernelArgs& a) {
-    binary_float(a, "silu_backward", [](auto g, auto x) {
-      using A = decltype(x);
-      const A s = sigmoid_fn(x);
-      return g * s * (A(1) + x * (A(1) - s));
+    binary_vec(a, "silu_backward", [](auto* o, const auto* g, const auto* x, auto* t, int64_t n) {
+      using A = std::remove_cvref_t<decltype(*t)>;
+      sigmoid_n(t, x, t, n);
+      for (int64_t i = 0; i < n; ++i) o[i] = g[i] * t[i] * (A(1) + x[i] * (A(1) - t[i]));
     });
   });
   reg(OpId::sigmoid_backward, [](const KernelArgs& a) {

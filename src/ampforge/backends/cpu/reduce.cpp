@@ -187,7 +187,10 @@ void reduce_full_sum(const Tensor& x, const Tensor& out, bool mean) {
     alignas(64) A buf[kChunk];
     for (int64_t c = b; c < e; ++c) {
       const int64_t i0 = c * kChunkElems, i1 = std::min(n, i0 + kChunkElems);
-      A lanes[8] = {};
+      // 32 independent lanes (4 AVX vectors): the adds of one lane form a dependency chain, and with a
+      // single vector of lanes the 3-4 cycle add latency, not memory, bounded an L3-resident sum.
+      constexpr int kLanes = 32;
+      A lanes[kLanes] = {};
       for (int64_t i = i0; i < i1; i += kChunk) {
         const int64_t m = std::min(kChunk, i1 - i);
         const A* src;
@@ -198,12 +201,12 @@ void reduce_full_sum(const Tensor& x, const Tensor& out, bool mean) {
           src = buf;
         }
         int64_t j = 0;
-        for (; j + 8 <= m; j += 8)
-          for (int l = 0; l < 8; ++l) lanes[l] += src[j + l];
-        for (; j < m; ++j) lanes[0] += src[j];
+        for (; j + kLanes <= m; j += kLanes)
+          for (int l = 0; l < kLanes; ++l) lanes[l] += src[j + l];
+        for (; j < m; ++j) lanes[j % kLanes] += src[j];
       }
       double s = 0;
-      for (int l = 0; l < 8; ++l) s += static_cast<double>(lanes[l]);
+      for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
       partial[c] = s;
     }
   });

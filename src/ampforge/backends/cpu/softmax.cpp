@@ -19,6 +19,7 @@
 
 #include "ampforge/backends/cpu/loops.h"
 #include "ampforge/backends/cpu/register.h"
+#include "ampforge/backends/cpu/vec_math.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
 
@@ -116,15 +117,14 @@ void softmax_kernel(const KernelArgs& a) {
         A* o = (st == 1 && std::is_same_v<S, A>) ? reinterpret_cast<A*>(yp + base) : obuf.data();
         const A m = row_max(xr, D);
         double sum = 0;
+        // o first holds exp(x - m) (vectorised; o never aliases xr: the output is a fresh tensor).
+        for (int64_t j = 0; j < D; ++j) o[j] = xr[j] - m;
+        vmath::exp(o, o, D);
+        for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(o[j]);
         if constexpr (kLog) {
-          for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(std::exp(xr[j] - m));
           const A ls = static_cast<A>(std::log(sum));
           for (int64_t j = 0; j < D; ++j) o[j] = (xr[j] - m) - ls;
         } else {
-          for (int64_t j = 0; j < D; ++j) {
-            o[j] = std::exp(xr[j] - m);
-            sum += static_cast<double>(o[j]);
-          }
           const A inv = static_cast<A>(1.0 / sum);
           for (int64_t j = 0; j < D; ++j) o[j] *= inv;
         }
@@ -156,7 +156,8 @@ void softmax_backward_kernel(const KernelArgs& a) {
         if constexpr (kLog) {
           for (int64_t j = 0; j < D; ++j) s += static_cast<double>(gr[j]);
           const A sa = static_cast<A>(s);
-          for (int64_t j = 0; j < D; ++j) o[j] = gr[j] - std::exp(yr[j]) * sa;
+          vmath::exp(yr, o, D);  // o never aliases gr or yr (fresh output)
+          for (int64_t j = 0; j < D; ++j) o[j] = gr[j] - o[j] * sa;
         } else {
           for (int64_t j = 0; j < D; ++j) s += static_cast<double>(gr[j]) * static_cast<double>(yr[j]);
           const A sa = static_cast<A>(s);
