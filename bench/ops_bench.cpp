@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ampforge/ampforge.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/util/timer.h"
 #include "ampforge/ops/ops.h"
 #include "peer.h"
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   }
   af::set_num_threads(threads);
   af::manual_seed(0);
+  // As `ampforge train` runs: tensors come from the host caching allocator, so an op's output reuses the
+  // block the previous iteration freed (still in cache), as PyTorch's CPU allocator gets from malloc.
+  af::memory::install_host_caching_allocator();
   std::map<std::string, double> ours;
   for (int64_t n : {256, 512, 1024}) {
     af::Tensor a = af::randn({n, n}), b = af::randn({n, n});

@@ -35,6 +35,7 @@ PolicyConfig PolicyConfig::pytorch() {
   PolicyConfig c;
   c.name = "pytorch";
   c.expandable_segments = false;
+  c.hold_recent = 0;
   return c;
 }
 
@@ -42,6 +43,7 @@ PolicyConfig PolicyConfig::naive() {
   PolicyConfig c;
   c.name = "naive";
   c.cache = false;
+  c.hold_recent = 0;
   c.expandable_segments = false;
   c.exact_segments = true;
   return c;
@@ -124,6 +126,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   std::unique_lock<std::mutex> lock(mu_);
   // Larger than the whole device (or than any memory): fail at once, without emptying the cache for nothing.
   if (nbytes > kMaxRequest || (capacity_ != 0 && round(nbytes) > capacity_)) {
+    flush_held();
     ++stats_.num_ooms;
     std::string report = oom_report_locked(nbytes, stream);
     lock.unlock();
@@ -132,7 +135,8 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   if (!pending_.empty()) process_events(false);
   const size_t size = round(nbytes);
   const int64_t calls_before = stats_.provider_calls;
-  Block* b = try_allocate(size, stream);
+  Block* b = held_.empty() ? nullptr : take_held(size, stream);
+  if (b == nullptr) b = try_allocate(size, stream);
   if (b == nullptr) {
     ++stats_.num_retries;
     process_events(true);
@@ -167,6 +171,12 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
 CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId stream) {
   const bool small = size <= config_.small_max;
   Block* b = config_.cache ? find_free(small, stream, size) : nullptr;
+  // Coalesce the held blocks before asking the provider for anything: for a new segment, or (expandable
+  // segments) for physical memory behind granules that are not mapped yet.
+  if (!held_.empty() && (b == nullptr || (expandable_ && needs_unmapped_granules(b, size)))) {
+    flush_held();
+    b = find_free(small, stream, size);
+  }
   if (b != nullptr) {
     pool(small).erase(b);
   } else {
@@ -409,7 +419,48 @@ void CachingAllocator::free(void* ptr) noexcept {
           name(), e.what());
     }
   }
+  if (config_.cache && config_.hold_recent > 0 && b->uses.empty()) {
+    stats_.active.sub(static_cast<int64_t>(b->size));
+    b->held = true;
+    held_.push_back(b);
+    if (held_.size() > static_cast<size_t>(config_.hold_recent)) release_held(0);
+    return;
+  }
   finish_free(b);
+}
+
+bool CachingAllocator::needs_unmapped_granules(const Block* b, size_t size) const {
+  const Segment& s = *b->segment;
+  if (!s.expandable) return false;
+  const size_t first = (b->addr - s.base) / granule_, last = (b->addr + size - 1 - s.base) / granule_;
+  for (size_t i = first; i <= last; ++i)
+    if (!s.granules[i].mapped) return true;
+  return false;
+}
+
+// The most recently held block of exactly `size` on `stream`, taken out of held_; null if none.
+CachingAllocator::Block* CachingAllocator::take_held(size_t size, StreamId stream) {
+  for (size_t i = held_.size(); i-- > 0;) {
+    Block* b = held_[i];
+    if (b->size != size || b->stream != stream) continue;
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+    b->held = false;
+    return b;  // granule references were kept, so nothing to map
+  }
+  return nullptr;
+}
+
+// Gives held_[index] to the free pools: drops its granule references and coalesces it.
+void CachingAllocator::release_held(size_t index) {
+  Block* b = held_[index];
+  held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(index));
+  b->held = false;
+  if (b->segment->expandable) unmap_block_refs(b);
+  free_block(b);
+}
+
+void CachingAllocator::flush_held() {
+  while (!held_.empty()) release_held(held_.size() - 1);
 }
 
 void CachingAllocator::finish_free(Block* b) {
@@ -427,7 +478,7 @@ void CachingAllocator::finish_free(Block* b) {
 void CachingAllocator::free_block(Block* b) {
   b->allocated = false;
   FreeSet& set = pool(b->segment->small);
-  if (Block* p = b->prev; p != nullptr && !p->allocated && !p->pending) {
+  if (Block* p = b->prev; p != nullptr && !p->allocated && !p->pending && !p->held) {
     set.erase(p);
     p->size += b->size;
     p->next = b->next;
@@ -435,7 +486,7 @@ void CachingAllocator::free_block(Block* b) {
     delete_block(b);
     b = p;
   }
-  if (Block* n = b->next; n != nullptr && !n->allocated && !n->pending) {
+  if (Block* n = b->next; n != nullptr && !n->allocated && !n->pending && !n->held) {
     set.erase(n);
     b->size += n->size;
     b->next = n->next;
@@ -509,6 +560,7 @@ void CachingAllocator::release_segment(Segment* s) {
 }
 
 void CachingAllocator::release_cached() {
+  flush_held();
   // Idle granules: unmap and release; they stop counting as reserved.
   while (!idle_.empty()) {
     const IdleRef ref = idle_.back();
@@ -570,6 +622,7 @@ double CachingAllocator::fragmentation_locked() const {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_held_for_reading();
   AllocatorStats s = stats_;
   s.largest_free_block = largest_free_block_locked();
   s.fragmentation = fragmentation_locked();
@@ -578,6 +631,7 @@ AllocatorStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_held();
   for (StatCounter* c : {&stats_.requested, &stats_.allocated, &stats_.active, &stats_.reserved}) c->reset_peak();
   stats_.fragmentation_at_peak = fragmentation_locked();
 }
@@ -631,6 +685,7 @@ void CachingAllocator::trace_alloc(const Block* b) {
 // ---- snapshot ---------------------------------------------------------------------------------------
 nlohmann::json CachingAllocator::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_held_for_reading();
   AllocatorStats st = stats_;
   st.largest_free_block = largest_free_block_locked();
   st.fragmentation = fragmentation_locked();
@@ -710,6 +765,7 @@ std::string CachingAllocator::oom_report(size_t nbytes, StreamId stream) const {
 }
 
 std::string CachingAllocator::oom_report_locked(size_t nbytes, StreamId stream) const {
+  flush_held_for_reading();
   const auto b = [](int64_t n) { return format_bytes(n); };
   const int64_t req = static_cast<int64_t>(std::min(nbytes, kMaxRequest));
   const int64_t rounded = nbytes > kMaxRequest ? req : static_cast<int64_t>(round(nbytes));

@@ -60,6 +60,12 @@ struct PolicyConfig {
   size_t large_round = size_t{2} << 20;      // larger requests: a segment of the request rounded to this
   size_t max_split_size = SIZE_MAX;          // plain segments: blocks larger than this are never split
   size_t virtual_range = 0;                  // bytes of address space per expandable range; 0: automatic
+  // Recently freed blocks kept as they are (not coalesced, not back in the free pools) for an exact-size
+  // reuse: training asks for the same sizes every step, and a hit then skips the split/coalesce churn
+  // (two tree erases and inserts per allocate + free). They are coalesced before the allocator would ask
+  // the provider for memory, and before any figure or snapshot, so reserved memory and reports are as
+  // without them. 0 turns it off (the pytorch preset).
+  int hold_recent = 16;
 
   // The three policies of `ampforge memory replay`.
   static PolicyConfig ampforge();  // expandable segments with granule reuse
@@ -151,6 +157,7 @@ class CachingAllocator final : public Allocator {
     bool allocated = false;
     bool pending = false;     // freed, waiting for other streams' work
     bool traced = false;      // allocated while a trace was being recorded
+    bool held = false;        // freed, kept in held_ for exact-size reuse (neither allocated nor in a pool)
     std::vector<StreamId> uses;  // other streams that used it (record_stream)
   };
   struct BlockLess {
@@ -203,6 +210,13 @@ class CachingAllocator final : public Allocator {
   void remove_idle(Segment& s, size_t index);
   void free_block(Block* b);
   void finish_free(Block* b);
+  Block* take_held(size_t size, StreamId stream);
+  bool needs_unmapped_granules(const Block* b, size_t size) const;
+  void release_held(size_t index);
+  void flush_held();
+  // Figures and reports want coalesced free memory; flushing changes only how free memory is organised,
+  // not what is free or reserved, so const readers may do it.
+  void flush_held_for_reading() const { const_cast<CachingAllocator*>(this)->flush_held(); }
   uintptr_t granule_addr(const Segment& s, size_t index) const { return s.base + index * granule_; }
   bool acquire_granule(Segment& s, size_t index, StreamId stream);
   void process_events(bool wait);
@@ -233,6 +247,7 @@ class CachingAllocator final : public Allocator {
   std::vector<Block*> spare_blocks_;
   std::vector<IdleRef> idle_;
   std::vector<Pending> pending_;
+  std::vector<Block*> held_;  // oldest first; at most config_.hold_recent
   AllocatorStats stats_;
   uint64_t next_id_ = 1;
   // timeline

@@ -201,6 +201,36 @@ TEST(CachingAllocator, ExpandableSegmentsGrowAndShrinkByGranule) {
   EXPECT_EQ(a.snapshot()["segments"].size(), 0u);
 }
 
+TEST(CachingAllocator, RecentFreesAreReusedExactlyAndCoalescedBeforeTheProvider) {
+  SimulatedProvider sim;
+  BudgetedProvider card(sim, 48 * MiB);
+  CachingAllocator a(card, PolicyConfig::ampforge());
+  std::vector<void*> ps;
+  for (int i = 0; i < 8; ++i) ps.push_back(a.allocate_on(4 * MiB, 0));
+  const int64_t calls = a.stats().provider_calls;  // (reading figures coalesces held blocks: read first)
+  for (void* p : ps) a.free(p);                     // held: not coalesced yet
+  // The same size again: the most recently freed block, a cache hit without any provider call.
+  void* q = a.allocate_on(4 * MiB, 0);
+  EXPECT_EQ(q, ps.back());
+  EXPECT_EQ(a.stats().provider_calls, calls);
+  // 40 MiB with 4 MiB live on a 48 MiB card fits only if the 28 MiB held are coalesced and their
+  // granules reused: the allocator must flush them before asking the provider for more.
+  void* big = a.allocate_on(40 * MiB, 0);
+  AllocatorStats s = a.stats();
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.num_retries, 0) << "held blocks must be coalesced before the provider is asked, not after it fails";
+  EXPECT_LE(s.reserved.current, static_cast<int64_t>(48 * MiB));
+  a.free(big);
+  a.free(q);
+  // Figures see coalesced memory: nothing active, one free range as large as everything reserved.
+  s = a.stats();
+  EXPECT_EQ(s.active.current, 0);
+  EXPECT_EQ(s.allocated.current, 0);
+  EXPECT_EQ(s.largest_free_block, s.reserved.current);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved.current, 0);
+}
+
 TEST(CachingAllocator, ExpandableSmallBlocksShareGranules) {
   SimulatedProvider sim;
   CachingAllocator a(sim, PolicyConfig::ampforge());
