@@ -62,7 +62,7 @@ BatchNorm2d::BatchNorm2d(int64_t c, BatchNormOptions opt) : Module("BatchNorm2d"
 }
 Tensor BatchNorm2d::forward(const Tensor& x) {
   const bool use_batch_stats = is_training() || !running_mean.defined();
-  if (is_training() && num_batches_tracked.defined()) ops::add_(num_batches_tracked, ops::ones({}, DType::I64));
+  if (is_training() && num_batches_tracked.defined()) ops::add_(num_batches_tracked, ops::ones({}, DType::I64, num_batches_tracked.device()));
   return batch_norm(x, weight, bias, running_mean, running_var, use_batch_stats, options.momentum, options.eps);
 }
 std::string BatchNorm2d::extra_repr() const {
