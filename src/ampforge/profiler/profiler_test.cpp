@@ -122,7 +122,9 @@ TEST(Profiler, CuptiInjectionLibraryBuiltWhenCudaIsPresent) {
   EXPECT_NE(dlsym(h, "ampforge_cupti_start"), nullptr);
   EXPECT_NE(dlsym(h, "ampforge_cupti_stop"), nullptr);
   EXPECT_EQ(cupti_injection_library(), AMPFORGE_CUPTI_INJECTION);
-  dlclose(h);
+  // Not dlclose()d: libcupti brings its own copy of libstdc++, whose 72 KiB emergency exception pool
+  // LeakSanitizer reports as leaked once the library is unloaded (seen in the -DAMPFORGE_SANITIZE=ON run).
+  (void)h;
 #else
   EXPECT_FALSE(cupti_headers) << "CUPTI headers are installed but the injection library was not built";
   GTEST_SKIP() << "no CUDA toolkit with CUPTI at build time";
