@@ -169,6 +169,15 @@ void stage_to(const A* buf, const Tensor& t, int64_t n0, int64_t nb) {
     transpose_images<A, S, A>(buf, dst, nb, HW, C);  // per image (HW, C) -> (C, HW)
 }
 
+// Images [n0, n0 + nb) of t as NHWC compute-type memory: the tensor's own memory when `direct`, else
+// staged into buf. per_image: elements per image.
+template <class S, class A>
+const A* images_in(const Tensor& t, bool direct, int64_t n0, int64_t nb, int64_t per_image, A* buf) {
+  if (direct) return static_cast<const A*>(t.data_ptr()) + n0 * per_image;
+  stage_from<S, A>(t, n0, nb, buf);
+  return buf;
+}
+
 // Wm (Co, KH, KW, Cg) in A <- weight (Co, Cg, KH, KW), any strides.
 template <class S, class A>
 std::vector<A> pack_weight(const Tensor& w) {
@@ -396,13 +405,7 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
     auto ybuf = scratch<A>(y_direct ? 0 : plan.images * g.P * g.Co);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
       const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
-      const A* xin;  // (nb, H, W, C)
-      if (x_direct) {
-        xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
-      } else {
-        stage_from<S, A>(x, n0, nb, xbuf.get());
-        xin = xbuf.get();
-      }
+      const A* xin = images_in<S, A>(x, x_direct, n0, nb, g.H * g.W * g.C, xbuf.get());  // (nb, H, W, C)
       A* yout = y_direct ? static_cast<A*>(y.data_ptr()) + n0 * g.P * g.Co : ybuf.get();  // (nb*P, Co)
       if (bias)
         parallel_for(M, row_grain(g.Co), [&](int64_t r0, int64_t r1) {
@@ -455,13 +458,7 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
     auto gxbuf = scratch<A>(gx_direct ? 0 : plan.images * g.H * g.W * g.C);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
       const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
-      const A* gyin;  // (nb*P, Co)
-      if (gy_direct) {
-        gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
-      } else {
-        stage_from<S, A>(gy, n0, nb, gybuf.get());
-        gyin = gybuf.get();
-      }
+      const A* gyin = images_in<S, A>(gy, gy_direct, n0, nb, g.P * g.Co, gybuf.get());  // (nb*P, Co)
       A* gxout = gx_direct ? static_cast<A*>(gx.data_ptr()) + n0 * g.H * g.W * g.C : gxbuf.get();  // (nb, H, W, C)
       for (int64_t gi = 0; gi < g.G; ++gi) {
         const MatRef am{gyin + gi * g.Cog, g.Co, 1};              // (M, Cog)
@@ -510,20 +507,8 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
     auto xbuf = scratch<A>(x_direct ? 0 : plan.images * g.H * g.W * g.C);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += plan.images) {
       const int64_t nb = std::min(plan.images, n_end - n0), M = nb * g.P;
-      const A* gyin;  // (nb*P, Co)
-      if (gy_direct) {
-        gyin = static_cast<const A*>(gy.data_ptr()) + n0 * g.P * g.Co;
-      } else {
-        stage_from<S, A>(gy, n0, nb, gybuf.get());
-        gyin = gybuf.get();
-      }
-      const A* xin;  // (nb, H, W, C)
-      if (x_direct) {
-        xin = static_cast<const A*>(x.data_ptr()) + n0 * g.H * g.W * g.C;
-      } else {
-        stage_from<S, A>(x, n0, nb, xbuf.get());
-        xin = xbuf.get();
-      }
+      const A* gyin = images_in<S, A>(gy, gy_direct, n0, nb, g.P * g.Co, gybuf.get());  // (nb*P, Co)
+      const A* xin = images_in<S, A>(x, x_direct, n0, nb, g.H * g.W * g.C, xbuf.get());  // (nb, H, W, C)
       for (int64_t gi = 0; gi < g.G; ++gi) {
         MatRef bm{nullptr, 0, 0};  // (M, Kg)
         if (g.pointwise) {
