@@ -1,6 +1,7 @@
 // `ampforge info`: what this build contains (backends, kernels per device, threads).
 #include <cstdio>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/util/build_info.h"
@@ -20,6 +21,10 @@ Command add_info_command(CLI::App& app) {
             std::printf("ampforge %s (%s, %s)\n", AMPFORGE_VERSION_STRING, AMPFORGE_BUILD_TYPE, AMPFORGE_CXX_COMPILER);
             std::printf("ops: %d; CPU kernels: %d; CUDA kernels: %d\n", kNumOps, cpu, cuda);
             std::printf("CPU threads: %d\n", get_num_threads());
+            if (const int devices = cuda::device_count(); devices > 0)
+              std::printf("CUDA devices: %d\n", devices);
+            else
+              std::printf("CUDA: not available (%s)\n", cuda::unavailable_reason().c_str());
             return 0;
           }};
 }

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ampforge/core/op_list.h"
 #include "ampforge/core/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -50,6 +51,16 @@ TEST(TrainCli, HelpAndUsageErrors) {
   CmdResult bad = run("train --precision fp8 --no-progress");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("fp8"), std::string::npos);
+}
+
+TEST(InfoCli, SaysWhetherCudaIsUsableAndWhyNot) {
+  CmdResult r = run("info");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CPU kernels: " + std::to_string(ampforge::kNumOps)), std::string::npos) << r.out;  // all on CPU
+  // Either devices are listed, or the reason they are not is given in words.
+  const bool devices = r.out.find("CUDA devices: ") != std::string::npos;
+  const size_t why = r.out.find("CUDA: not available (");
+  EXPECT_TRUE(devices || (why != std::string::npos && r.out.size() > why + 25)) << r.out;
 }
 
 TEST(TrainCli, MissingDataIsExitCode2WithTheDirectory) {

@@ -87,6 +87,9 @@ const Discovery& discovery() {
     (void)cudaGetLastError();
     if (err != cudaSuccess) {
       d.reason = fmt::format("cudaGetDeviceCount failed: {} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+      // Without any driver the runtime says "insufficient driver"; name the real cause when we can.
+      if (const memory::CudaDriverStatus drv = memory::cuda_driver_status(); !drv.available)
+        d.reason += "; driver: " + drv.reason;
       return;
     }
     if (n <= 0) {
