@@ -57,34 +57,24 @@ inline __m256 erf8(__m256 x) {
   return _mm256_or_ps(r, sign);  // NaN in, NaN out: t, p and r all become NaN
 }
 inline void erf(const float* x, float* y, int64_t n) { apply8(x, y, n, erf8); }
-inline constexpr bool kVectorised = true;
-#else
-inline void exp(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
-}
-inline void log(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::log(x[i]);
-}
-inline void tanh(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
-}
-inline void erf(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::erf(x[i]);
-}
-inline constexpr bool kVectorised = false;
 #endif
 
-// The same names for double arrays (F64 kernels): scalar std:: calls, the reference path.
-inline void exp(const double* x, double* y, int64_t n) {
+// Scalar std:: loops: every double array (F64 kernels, the reference path), and float arrays when the SLEEF
+// overloads above are not built (a non-template overload wins over these templates).
+template <class T>
+void exp(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
-inline void log(const double* x, double* y, int64_t n) {
+template <class T>
+void log(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::log(x[i]);
 }
-inline void tanh(const double* x, double* y, int64_t n) {
+template <class T>
+void tanh(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
 }
-inline void erf(const double* x, double* y, int64_t n) {
+template <class T>
+void erf(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::erf(x[i]);
 }
 
