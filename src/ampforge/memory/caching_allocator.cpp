@@ -173,7 +173,7 @@ CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId st
   Block* b = config_.cache ? find_free(small, stream, size) : nullptr;
   // Coalesce the held blocks before asking the provider for anything: for a new segment, or (expandable
   // segments) for physical memory behind granules that are not mapped yet.
-  if (!held_.empty() && (b == nullptr || (expandable_ && needs_unmapped_granules(b, size)))) {
+  if (!held_.empty() && (b == nullptr || unmapped_granules(b, size, 1) > 0)) {
     flush_held();
     b = find_free(small, stream, size);
   }
@@ -208,10 +208,7 @@ CachingAllocator::Block* CachingAllocator::find_free(bool small, StreamId stream
     size_t best_need = SIZE_MAX;
     for (int n = 0; n < kCandidates && it != set.end() && (*it)->stream == stream; ++n, ++it) {
       Block* c = *it;
-      const Segment& s = *c->segment;
-      const size_t first = (c->addr - s.base) / granule_, last = (c->addr + size - 1 - s.base) / granule_;
-      size_t need = 0;
-      for (size_t i = first; i <= last && need < best_need; ++i) need += !s.granules[i].mapped;
+      const size_t need = unmapped_granules(c, size, best_need);
       if (need < best_need) {
         best = c;
         best_need = need;
@@ -308,8 +305,7 @@ void CachingAllocator::split(Block* b, size_t size) {
 // ---- expandable segments: granules ------------------------------------------------------------------
 bool CachingAllocator::map_block(Block* b, StreamId stream) {
   Segment& s = *b->segment;
-  const size_t first = (b->addr - s.base) / granule_;
-  const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+  const auto [first, last] = granules_of(s, b->addr, b->size);
   for (size_t i = first; i <= last; ++i) {
     Granule& g = s.granules[i];
     if (g.live == 0) {
@@ -328,8 +324,7 @@ bool CachingAllocator::map_block(Block* b, StreamId stream) {
 
 void CachingAllocator::unmap_block_refs(Block* b) {
   Segment& s = *b->segment;
-  const size_t first = (b->addr - s.base) / granule_;
-  const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+  const auto [first, last] = granules_of(s, b->addr, b->size);
   for (size_t i = first; i <= last; ++i)
     if (--s.granules[i].live == 0) make_idle(s, i);
 }
@@ -429,13 +424,13 @@ void CachingAllocator::free(void* ptr) noexcept {
   finish_free(b);
 }
 
-bool CachingAllocator::needs_unmapped_granules(const Block* b, size_t size) const {
+size_t CachingAllocator::unmapped_granules(const Block* b, size_t size, size_t stop) const {
   const Segment& s = *b->segment;
-  if (!s.expandable) return false;
-  const size_t first = (b->addr - s.base) / granule_, last = (b->addr + size - 1 - s.base) / granule_;
-  for (size_t i = first; i <= last; ++i)
-    if (!s.granules[i].mapped) return true;
-  return false;
+  if (!s.expandable) return 0;
+  const auto [first, last] = granules_of(s, b->addr, size);
+  size_t n = 0;
+  for (size_t i = first; i <= last && n < stop; ++i) n += !s.granules[i].mapped;
+  return n;
 }
 
 // The most recently held block of exactly `size` on `stream`, taken out of held_; null if none.
@@ -601,8 +596,7 @@ int64_t CachingAllocator::largest_free_block_locked() const {
       }
       // What this free range can hold without new physical memory: its bytes inside granules that live
       // neighbours keep mapped (at most the two edge granules), plus as many idle granules as fit.
-      const size_t first = (b->addr - s.base) / granule_;
-      const size_t last = (b->addr + b->size - 1 - s.base) / granule_;
+      const auto [first, last] = granules_of(s, b->addr, b->size);
       const uintptr_t end = b->addr + b->size;
       size_t edge = 0;
       if (s.granules[first].live > 0) edge += std::min(end, granule_addr(s, first + 1)) - b->addr;

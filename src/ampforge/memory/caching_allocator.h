@@ -211,7 +211,16 @@ class CachingAllocator final : public Allocator {
   void free_block(Block* b);
   void finish_free(Block* b);
   Block* take_held(size_t size, StreamId stream);
-  bool needs_unmapped_granules(const Block* b, size_t size) const;
+  // Granules [first, last] that bytes [addr, addr + bytes) of segment s touch (bytes > 0).
+  struct GranuleSpan {
+    size_t first, last;
+  };
+  GranuleSpan granules_of(const Segment& s, uintptr_t addr, size_t bytes) const {
+    return {(addr - s.base) / granule_, (addr + bytes - 1 - s.base) / granule_};
+  }
+  // Unmapped granules under the first `size` bytes of b (expandable segments; 0 otherwise), counting
+  // stops at `stop`.
+  size_t unmapped_granules(const Block* b, size_t size, size_t stop = SIZE_MAX) const;
   void release_held(size_t index);
   void flush_held();
   // Figures and reports want coalesced free memory; flushing changes only how free memory is organised,
