@@ -24,6 +24,7 @@ void GradScaler::lazy_init(Device device) {
   if (scale_.defined()) return;
   scale_ = ops::full({}, opt_.init_scale, DType::F32, device);
   growth_tracker_ = ops::zeros({}, DType::I32, device);
+  skipped_dev_ = ops::zeros({}, DType::F32, device);
 }
 
 Tensor GradScaler::scale(const Tensor& loss) {
@@ -62,7 +63,16 @@ bool GradScaler::step(optim::Optimizer& o) {
   PerOptimizer& st = per_opt_[o.id()];
   AF_CHECK(st.stage != Stage::Stepped, "GradScaler::step() has already been called since the last update()");
   if (st.stage == Stage::Ready) unscale_(o);
-  const bool overflow = st.found_inf.item() != 0.0;  // the one host read per step
+  if (o.device_hyperparams()) {
+    // The fused kernel reads found_inf where it lives and skips itself; count the skip there too.
+    autograd::NoGradGuard ng;
+    o.step(st.found_inf);
+    AF_ASSERT(skipped_dev_.defined() && skipped_dev_.device() == st.found_inf.device(), "GradScaler: no device counter");
+    ops::add_(skipped_dev_, st.found_inf);
+    st.stage = Stage::Stepped;
+    return true;
+  }
+  const bool overflow = st.found_inf.item() != 0.0;  // the one host read per step (host-mode optimizer)
   if (!overflow) o.step();
   else ++skipped_;
   st.stage = Stage::Stepped;
@@ -95,6 +105,10 @@ double GradScaler::get_scale() const {
   return scale_.defined() ? scale_.item() : opt_.init_scale;
 }
 
+int64_t GradScaler::skipped_steps() const {
+  return skipped_ + (skipped_dev_.defined() ? static_cast<int64_t>(skipped_dev_.item()) : 0);
+}
+
 int64_t GradScaler::growth_tracker() const {
   return growth_tracker_.defined() ? static_cast<int64_t>(growth_tracker_.item()) : 0;
 }
@@ -123,6 +137,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   const Device dev = scale_.defined() ? scale_.device() : kCPU;
   scale_ = ops::full({}, state.at("scale"), DType::F32, dev);
   growth_tracker_ = ops::full({}, state.at("_growth_tracker"), DType::I32, dev);
+  if (!skipped_dev_.defined()) skipped_dev_ = ops::zeros({}, DType::F32, dev);
 }
 
 }  // namespace ampforge::amp

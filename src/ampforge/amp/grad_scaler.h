@@ -9,8 +9,10 @@
 //
 // The scale, the growth tracker and found_inf are one-element tensors on the model's device; unscaling
 // and the Inf/NaN check are one fused pass over each flat gradient buffer, and the scale update is a
-// kernel. The only host read is the skip decision in step() (the CUDA backend can avoid even that by
-// letting the fused optimizer read found_inf on the device).
+// kernel. With an optimizer in host mode (the CPU default) step() reads found_inf once to decide; with
+// an optimizer that keeps its hyperparameters on the device (optim::Optimizer::device_hyperparams(), the
+// CUDA default) step() reads nothing: the fused kernel skips itself, and the skip is counted on the device.
+// A CUDA training step with GradScaler then needs no host synchronisation at all.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,8 @@ class GradScaler {
   // the same optimizer before update(), or after step(), is an error (as in PyTorch).
   void unscale_(optim::Optimizer& opt);
   // Unscales (if not done yet) and steps the optimizer unless a gradient was Inf/NaN. Returns whether
-  // the optimizer stepped.
+  // the optimizer stepped; when the decision stays on the device (device hyperparameters), returns true
+  // ("queued": the kernel skips itself) and skipped_steps() tells afterwards.
   bool step(optim::Optimizer& opt);
   // Updates the scale from this iteration's found-inf results, or sets it to new_scale.
   void update(std::optional<double> new_scale = std::nullopt);
@@ -52,8 +55,9 @@ class GradScaler {
   bool is_enabled() const { return opt_.enabled; }
   int64_t growth_tracker() const;
   const GradScalerOptions& options() const { return opt_; }
-  // Counters for reports: optimizer steps skipped because of Inf/NaN.
-  int64_t skipped_steps() const { return skipped_; }
+  // Counters for reports: optimizer steps skipped because of Inf/NaN (reads the device count when there is
+  // one: a synchronisation).
+  int64_t skipped_steps() const;
 
   // PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker, plus
   // "version". Loading checks every key and the version.
@@ -73,6 +77,7 @@ class GradScaler {
   Tensor growth_tracker_;  // I32, one element
   std::map<uint64_t, PerOptimizer> per_opt_;
   int64_t skipped_ = 0;
+  Tensor skipped_dev_;  // F32, one element: skips decided on the device
 };
 
 }  // namespace ampforge::amp

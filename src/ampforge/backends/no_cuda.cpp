@@ -25,9 +25,40 @@ void synchronize(int device) {
 void check_device_errors(int device) { no_device(device); }
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_cudnn_allow_tf32(bool) {}
+bool cudnn_allow_tf32() { return false; }
+void set_cudnn_benchmark(bool) {}
+bool cudnn_benchmark() { return false; }
+void set_cudnn_deterministic(bool) {}
+bool cudnn_deterministic() { return false; }
+int64_t cudnn_version() { return 0; }
+int64_t cudnn_cache_size() { return 0; }
+int64_t cudnn_benchmark_runs() { return 0; }
 uint64_t compute_stream(int device) { no_device(device); }
 uint64_t copy_stream(int device) { no_device(device); }
 memory::CachingAllocator* caching_allocator(int) { return nullptr; }
+uint64_t host_sync_count() { return 0; }
+Uploader::Uploader(int device, int) : device_(device), impl_(nullptr) { no_device(device); }
+Uploader::~Uploader() = default;
+std::vector<Tensor> Uploader::upload(const std::vector<Tensor>&, uint64_t*) { no_device(device_); }
+void Uploader::ready(const std::vector<Tensor>&, uint64_t) { no_device(device_); }
+void Uploader::discard(uint64_t) noexcept {}
+bool is_capturing() { return false; }
+
+namespace {
+[[noreturn]] void no_graphs() {
+  AF_THROW(NotImplemented, "CUDA graphs need the CUDA backend: {}", unavailable_reason());
+}
+}  // namespace
+Graph::Graph(int device) : impl_(nullptr) { no_device(device); }
+Graph::~Graph() = default;
+void Graph::capture_begin() { no_graphs(); }
+void Graph::capture_end() { no_graphs(); }
+void Graph::replay() { no_graphs(); }
+bool Graph::ready() const { return false; }
+int64_t Graph::num_nodes() const { return 0; }
+int64_t Graph::num_kernel_nodes() const { return 0; }
+int64_t Graph::pool_reserved_bytes() const { return 0; }
 }  // namespace cuda
 #endif
 

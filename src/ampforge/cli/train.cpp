@@ -45,6 +45,13 @@ Command add_train_command(CLI::App& app) {
                 "With --precision bf16 --master-weights: write the BF16 weights from the F32 masters with stochastic "
                 "rounding (unbiased; seeded by --seed)");
   sub->add_option("--nan-policy", c.nan_policy, "On a non-finite loss without a scaler: stop | skip")->capture_default_str();
+  sub->add_option("--device", c.device, "cpu | cuda | cuda:N")->capture_default_str();
+  sub->add_flag("--cuda-graphs", c.cuda_graphs,
+                "CUDA: capture one training step as a CUDA graph after 3 warm-up steps and replay it (one launch "
+                "per step; full batches only)");
+  sub->add_option("--loss-read-interval", c.loss_read_interval,
+                  "CUDA: read training losses from the device every N steps (one synchronisation each)")
+      ->capture_default_str();
   sub->add_option("--threads", c.threads, "CPU threads (0: all cores)")->capture_default_str();
   sub->add_option("--workers", c.workers, "Data-loader threads")->capture_default_str();
   sub->add_option("--seed", c.seed, "Random seed")->capture_default_str();
@@ -79,6 +86,16 @@ Command add_train_command(CLI::App& app) {
             if (r.loss_scale > 0 || r.skipped_steps > 0)
               std::fprintf(stderr, "mixed precision: loss scale %.0f, skipped steps %lld, overflow events %lld\n",
                            r.loss_scale, static_cast<long long>(r.skipped_steps), static_cast<long long>(r.overflow_events));
+            if (r.graph_steps > 0)
+              std::fprintf(stderr,
+                           "CUDA graph: one step = %lld operations (%lld kernels), each a launch when run eagerly; "
+                           "%lld steps replayed with %lld launches each\n",
+                           static_cast<long long>(r.graph_nodes), static_cast<long long>(r.graph_kernels),
+                           static_cast<long long>(r.graph_steps), static_cast<long long>(r.graph_launches_per_step));
+            if (r.device.rfind("cuda", 0) == 0)
+              std::fprintf(stderr, "host synchronisations during training: %lld (%lld steps; losses read every %lld)\n",
+                           static_cast<long long>(r.host_syncs), static_cast<long long>(r.steps),
+                           static_cast<long long>(cfg.loss_read_interval));
             if (!r.stopped_reason.empty()) std::fprintf(stderr, "stopped: %s\n", r.stopped_reason.c_str());
             std::optional<profiler::Report> prof;
             if (r.profile) {
@@ -90,6 +107,7 @@ Command add_train_command(CLI::App& app) {
               nlohmann::json j = {{"model", r.model},
                                   {"dataset", r.dataset},
                                   {"precision", r.precision},
+                                  {"device", r.device},
                                   {"epochs", r.epochs_completed},
                                   {"steps", r.steps},
                                   {"parameters", r.parameters},
@@ -107,7 +125,12 @@ Command add_train_command(CLI::App& app) {
                                   {"skipped_steps", r.skipped_steps},
                                   {"overflow_events", r.overflow_events},
                                   {"stopped_reason", r.stopped_reason},
-                                  {"checkpoint", r.checkpoint}};
+                                  {"checkpoint", r.checkpoint},
+                                  {"host_syncs", r.host_syncs},
+                                  {"cuda_graph", {{"nodes", r.graph_nodes},
+                                                  {"kernels", r.graph_kernels},
+                                                  {"launches_per_step", r.graph_launches_per_step},
+                                                  {"steps", r.graph_steps}}}};
               if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }

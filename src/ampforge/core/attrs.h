@@ -132,7 +132,17 @@ struct ModelCopyRounding {
   bool stochastic = false;  // BF16 copies only; F16 copies always round to nearest even
   uint64_t seed = 0;
   uint64_t offset = 0;      // Philox counter of element 0
+  // With device hyperparameters (below) the offset is instead completed steps x blocks_per_step, the
+  // count read where it lives.
+  uint64_t blocks_per_step = 0;
 };
+
+// Device hyperparameters (optional input 2 of adamw_step / sgd_step): a contiguous F64 tensor of two
+// elements on the parameters' device, {completed steps, lr}. When given, the kernel takes the step number
+// (completed + 1; SGD's first step: completed == 0) and the learning rate from it instead of the attrs,
+// and advances `completed` by one unless found_inf skipped the step. The host then never needs to know
+// whether a step was skipped, and a captured CUDA graph reads the current values at every replay (the
+// attrs' values would be frozen into the graph).
 
 struct AdamWAttrs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;

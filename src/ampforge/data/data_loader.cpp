@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/timer.h"
@@ -26,9 +27,23 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   AF_CHECK(opt_.crop_padding >= 0, "DataLoader: crop padding must be >= 0");
   if (opt_.format == MemoryFormat::ChannelsLast)
     AF_CHECK(ds_->example_shape().size() == 3, "DataLoader: channels-last needs (C, H, W) examples");
+  AF_CHECK(opt_.device.is_cpu() || opt_.device.is_cuda(), "DataLoader: cannot deliver batches to {}",
+           opt_.device.str());
+  // Staging buffers: one per batch that can be in flight (prefetched, being built, being consumed), so
+  // that a worker rarely waits for a buffer.
+  if (opt_.device.is_cuda())
+    uploader_ = std::make_unique<cuda::Uploader>(opt_.device.index, opt_.prefetch + std::max(opt_.workers, 1) + 1);
 }
 
 DataLoader::~DataLoader() { stop_workers(); }
+
+Batch DataLoader::deliver(Batch b) {
+  if (b.upload != 0) {
+    uploader_->ready({b.x, b.y}, b.upload);
+    b.upload = 0;
+  }
+  return b;
+}
 
 int64_t DataLoader::num_batches() const {
   const int64_t n = ds_->size();
@@ -44,6 +59,10 @@ void DataLoader::stop_workers() {
   cv_consume_.notify_all();
   for (auto& t : workers_) t.join();
   workers_.clear();
+  // Prefetched device batches nobody will consume: release their upload tickets.
+  for (auto& [i, b] : ready_)
+    if (b.upload != 0 && uploader_) uploader_->discard(b.upload);
+  ready_.clear();
 }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t skip_batches) {
@@ -99,7 +118,7 @@ void DataLoader::worker_loop() {
 
 std::optional<Batch> DataLoader::next() {
   if (next_consume_ >= end_) return std::nullopt;
-  if (opt_.workers == 0) return build(next_consume_++);
+  if (opt_.workers == 0) return deliver(build(next_consume_++));
   const int64_t t0 = now_ns();
   std::unique_lock<std::mutex> lk(m_);
   cv_consume_.wait(lk, [&] { return error_ || ready_.count(next_consume_) > 0; });
@@ -111,7 +130,7 @@ std::optional<Batch> DataLoader::next() {
   ++next_consume_;
   lk.unlock();
   cv_produce_.notify_all();
-  return b;
+  return deliver(std::move(b));
 }
 
 Batch DataLoader::build(int64_t b) const {
@@ -157,6 +176,11 @@ Batch DataLoader::build(int64_t b) const {
     } else {
       for (int64_t q = 0; q < per; ++q) dst[q] = (src[q] - mean) * inv_std;
     }
+  }
+  if (uploader_) {
+    uint64_t ticket = 0;
+    std::vector<Tensor> dev = uploader_->upload({x, y}, &ticket);
+    return Batch{dev[0], dev[1], b, ticket};
   }
   return Batch{x, y, b};
 }

@@ -3,6 +3,11 @@
 //
 // Determinism: the order of an epoch depends only on (seed, epoch); the augmentation of an example only
 // on (seed, epoch, example index). The number of workers changes speed, never the data.
+//
+// Device batches (LoaderOptions::device on CUDA): each worker builds the batch on the CPU and queues its
+// upload on the device's copy stream through page-locked staging buffers (cuda::Uploader), so the copy of
+// the next batches overlaps the current step; next() makes the compute stream wait for the copy (on the
+// device, not the host) before handing the batch out.
 #pragma once
 
 #include <atomic>
@@ -18,12 +23,17 @@
 #include "ampforge/core/tensor.h"
 #include "ampforge/data/dataset.h"
 
+namespace ampforge::cuda {
+class Uploader;
+}
+
 namespace ampforge::data {
 
 struct Batch {
   Tensor x;  // (B, C, H, W) F32, normalised
   Tensor y;  // (B) I64 labels
   int64_t index = 0;  // batch number within the epoch
+  uint64_t upload = 0;  // device batches: the pending upload's ticket until next() hands the batch out
 };
 
 struct LoaderOptions {
@@ -38,6 +48,7 @@ struct LoaderOptions {
   int64_t crop_padding = 0;       // > 0: random crop after zero padding by this many pixels
   bool hflip = false;
   MemoryFormat format = MemoryFormat::Contiguous;
+  Device device = kCPU;  // where batches are delivered (CUDA: uploaded on the copy stream, see above)
 };
 
 class DataLoader {
@@ -61,6 +72,7 @@ class DataLoader {
   Batch build(int64_t b) const;
   void worker_loop();
   void stop_workers();
+  Batch deliver(Batch b);  // device batches: the compute stream waits for the upload
 
   std::shared_ptr<const Dataset> ds_;
   LoaderOptions opt_;
@@ -73,6 +85,7 @@ class DataLoader {
   std::exception_ptr error_;
   std::vector<std::thread> workers_;
   std::atomic<int64_t> wait_ns_{0};
+  std::unique_ptr<cuda::Uploader> uploader_;  // device batches only
 };
 
 }  // namespace ampforge::data

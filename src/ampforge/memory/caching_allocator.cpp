@@ -514,6 +514,11 @@ void CachingAllocator::process_events(bool wait) {
   }
 }
 
+bool CachingAllocator::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.find(reinterpret_cast<uintptr_t>(ptr)) != nullptr;
+}
+
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard<std::mutex> lock(mu_);
   Block** found = live_.find(reinterpret_cast<uintptr_t>(ptr));

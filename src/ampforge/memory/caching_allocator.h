@@ -120,6 +120,9 @@ class CachingAllocator final : public Allocator {
   // Marks that `stream` uses the block of `ptr` (which belongs to another stream): after free, the block
   // is reused only once the work queued on `stream` before the free has finished.
   void record_stream(void* ptr, StreamId stream);
+  // Whether `ptr` is a live allocation of this allocator (routing frees among several allocators: a CUDA
+  // graph's private pool beside the device's main one).
+  bool owns(const void* ptr) const;
   // Gives every cached (free) segment and idle granule back to the provider. Live blocks stay.
   void empty_cache();
 

@@ -81,6 +81,7 @@ class PtrMap {
       if (slots_[i].key == 0) return nullptr;
     }
   }
+  const V* find(uintptr_t key) const { return const_cast<PtrMap*>(this)->find(key); }
   void insert(uintptr_t key, V value) {
     if ((size_ + 1) * 4 > slots_.size() * 3) grow();
     size_t i = hash(key);

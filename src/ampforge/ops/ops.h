@@ -99,11 +99,13 @@ Tensor unsqueeze(const Tensor& t, int64_t dim);
 // ---- optimizers (fused, over flat buffers; everything in place) -----------------------------------
 // param/exp_avg/exp_avg_sq: F32 flat buffers; grad: same length, F32 or 16-bit; found_inf: optional
 // one-element F32 (non-zero skips the step); model_param: optional 16-bit copy written after the update
-// (master-weight mode).
+// (master-weight mode); hyper: optional device hyperparameters {completed steps, lr} (F64, 2; core/attrs.h),
+// read and advanced by the kernel.
 void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamWAttrs& attrs, const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor());
+                 const AdamWAttrs& attrs, const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor(),
+                 const Tensor& hyper = Tensor());
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdAttrs& attrs,
-               const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor());
+               const Tensor& found_inf = Tensor(), const Tensor& model_param = Tensor(), const Tensor& hyper = Tensor());
 
 // ---- normalisation (ops/norm.cpp) -----------------------------------------------------------------
 // Statistics outputs (save_mean, save_invstd, mean, rstd) are F32, or F64 for F64 inputs.

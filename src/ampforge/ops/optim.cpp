@@ -8,10 +8,18 @@ void check_flat(const Tensor& t, const Tensor& param, const char* what, const ch
   AF_CHECK(t.defined() && t.is_contiguous() && t.numel() == param.numel() && t.device() == param.device(),
            "{}: '{}' must be a contiguous buffer of {} elements on {}", what, arg, param.numel(), param.device().str());
 }
+void check_hyper(const Tensor& hyper, const Tensor& param, const char* what) {
+  if (!hyper.defined()) return;
+  AF_CHECK(hyper.dtype() == DType::F64 && hyper.numel() == 2 && hyper.is_contiguous() &&
+               hyper.device() == param.device(),
+           "{}: device hyperparameters must be a contiguous F64 tensor of 2 elements {{completed steps, lr}} on {}, "
+           "got {} {} on {}", what, param.device().str(), dtype_name(hyper.dtype()), hyper.shape().str(),
+           hyper.device().str());
+}
 }  // namespace
 
 void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamWAttrs& attrs, const Tensor& found_inf, const Tensor& model_param) {
+                 const AdamWAttrs& attrs, const Tensor& found_inf, const Tensor& model_param, const Tensor& hyper) {
   AF_CHECK(param.dtype() == DType::F32, "adamw_step: parameters (or master weights) must be F32, got {}",
            dtype_name(param.dtype()));
   check_flat(grad, param, "adamw_step", "grad");
@@ -20,13 +28,15 @@ void adamw_step_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   if (model_param.defined()) check_flat(model_param, param, "adamw_step", "model_param");
   std::vector<Tensor> outs{param, exp_avg, exp_avg_sq};
   if (model_param.defined()) outs.push_back(model_param);
-  std::vector<Tensor> ins{grad, found_inf};
+  check_hyper(hyper, param, "adamw_step");
+  std::vector<Tensor> ins{grad, found_inf, hyper};
   dispatch(OpId::adamw_step, param.device(), KernelArgs{ins, outs, &attrs});
   for (auto& t : outs) t.storage()->bump_version();
+  if (hyper.defined()) hyper.storage()->bump_version();
 }
 
 void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, const SgdAttrs& attrs,
-               const Tensor& found_inf, const Tensor& model_param) {
+               const Tensor& found_inf, const Tensor& model_param, const Tensor& hyper) {
   AF_CHECK(param.dtype() == DType::F32, "sgd_step: parameters (or master weights) must be F32, got {}",
            dtype_name(param.dtype()));
   check_flat(grad, param, "sgd_step", "grad");
@@ -34,10 +44,12 @@ void sgd_step_(const Tensor& param, const Tensor& grad, const Tensor& momentum_b
   if (model_param.defined()) check_flat(model_param, param, "sgd_step", "model_param");
   std::vector<Tensor> outs{param, momentum_buffer};
   if (model_param.defined()) outs.push_back(model_param);
-  std::vector<Tensor> ins{grad, found_inf};
+  check_hyper(hyper, param, "sgd_step");
+  std::vector<Tensor> ins{grad, found_inf, hyper};
   dispatch(OpId::sgd_step, param.device(), KernelArgs{ins, outs, &attrs});
   for (auto& t : outs)
     if (t.defined()) t.storage()->bump_version();
+  if (hyper.defined()) hyper.storage()->bump_version();
 }
 
 }  // namespace ampforge::ops

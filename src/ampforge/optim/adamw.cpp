@@ -34,20 +34,22 @@ AdamW::AdamW(const std::vector<ParamGroupSpec>& groups, AdamWOptions opt)
 
 void AdamW::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
-  // The step counter advances on the host only when the step is not skipped; with a device-resident
-  // found_inf the caller (GradScaler) tells us by passing it, and we read it once here. (The CUDA backend
-  // keeps the counter on the device instead; see its issue.)
-  const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
+  // Host mode: the step counter advances only when the step is not skipped, so found_inf is read here
+  // (free on the CPU). Device hyperparameters: the kernel keeps the count on the device, no read.
+  const bool skipped = !device_hyperparams() && found_inf.defined() && found_inf.item() != 0.0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1,
                   model_copy_rounding(i, options.rounding)};
+    const Tensor hyper = step_hyper(i);
     if (g.master.defined()) {
-      ops::adamw_step_(g.master, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf, g.flat_params);
+      ops::adamw_step_(g.master, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
+                       g.flat_params, hyper);
     } else {
-      ops::adamw_step_(g.flat_params, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf);
+      ops::adamw_step_(g.flat_params, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
+                       Tensor(), hyper);
     }
-    if (!skipped) ++g.step;
+    if (!skipped && !hyper.defined()) ++g.step;
   }
 }
 
@@ -62,17 +64,18 @@ SGD::SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions opt)
 
 void SGD::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
-  const bool skipped = found_inf.defined() && found_inf.item() != 0.0;
+  const bool skipped = !device_hyperparams() && found_inf.defined() && found_inf.item() != 0.0;
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     SgdAttrs at{g.lr,           options.momentum, options.dampening, g.weight_decay, options.nesterov, g.step == 0,
                 model_copy_rounding(i, options.rounding)};
     Tensor buf = options.momentum > 0 ? state(i, "momentum_buffer") : Tensor();
+    const Tensor hyper = step_hyper(i);
     if (g.master.defined())
-      ops::sgd_step_(g.master, g.flat_grads, buf, at, found_inf, g.flat_params);
+      ops::sgd_step_(g.master, g.flat_grads, buf, at, found_inf, g.flat_params, hyper);
     else
-      ops::sgd_step_(g.flat_params, g.flat_grads, buf, at, found_inf);
-    if (!skipped) ++g.step;
+      ops::sgd_step_(g.flat_params, g.flat_grads, buf, at, found_inf, Tensor(), hyper);
+    if (!skipped && !hyper.defined()) ++g.step;
   }
 }
 

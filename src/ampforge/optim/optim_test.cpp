@@ -255,3 +255,92 @@ TEST(StochasticRounding, NeedsBf16MasterWeights) {
   b.requires_grad_(true);
   EXPECT_NO_THROW(optim::AdamW({b}, o));
 }
+
+// ---- device hyperparameters ---------------------------------------------------------------------------
+// The mode the CUDA backend uses by default (step count and lr in a tensor the kernel reads and advances),
+// run on the CPU: it must give exactly the host mode's trajectory, including skipped steps, lr changes,
+// SGD's first-step momentum and the stochastic-rounding offsets.
+
+namespace {
+struct HyperRun {
+  std::vector<std::vector<float>> params;  // after every step
+  int64_t steps = 0;
+};
+
+HyperRun run_optimizer(const std::string& kind, bool device_hyper, bool bf16_master) {
+  Tensor p = ops::to_dtype(ops::arange(0, 37, 1, DType::F32), bf16_master ? DType::BF16 : DType::F32);
+  p = ops::mul_scalar(p, 0.01);
+  p.requires_grad_(true);
+  std::vector<Tensor> ps{p};
+  std::unique_ptr<optim::Optimizer> opt;
+  if (kind == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = 0.05;
+    o.rounding = {bf16_master, 11};
+    opt = std::make_unique<optim::AdamW>(ps, o);
+  } else {
+    optim::SGDOptions o;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    o.nesterov = true;
+    o.weight_decay = 0.01;
+    o.rounding = {bf16_master, 11};
+    opt = std::make_unique<optim::SGD>(ps, o);
+  }
+  opt->set_device_hyperparams(device_hyper);
+  EXPECT_EQ(opt->device_hyperparams(), device_hyper);
+  HyperRun r;
+  // Skips at steps 0 (the very first: SGD's momentum initialisation must wait) and 3; an lr change at 4.
+  for (int t = 0; t < 7; ++t) {
+    Tensor g = ops::mul_scalar(ops::add_scalar(ops::arange(0, 37, 1, DType::F32), -18.0 + t), 0.1);
+    ops::copy_(opt->param_groups()[0].flat_grads.narrow(0, 0, 37), ops::to_dtype(g, p.dtype()));
+    if (t == 4) opt->param_groups()[0].lr *= 0.5;
+    opt->step(ops::full({1}, (t == 0 || t == 3) ? 1.0 : 0.0));
+    r.params.push_back(ops::to_dtype(ps[0].detach(), DType::F32).tolist<float>());
+  }
+  r.steps = opt->steps();
+  return r;
+}
+}  // namespace
+
+TEST(DeviceHyperparams, SameTrajectoryAsHostModeWithSkipsAndLrChanges) {
+  for (const std::string kind : {"adamw", "sgd"}) {
+    for (bool bf16 : {false, true}) {
+      const HyperRun host = run_optimizer(kind, false, bf16), dev = run_optimizer(kind, true, bf16);
+      EXPECT_EQ(host.steps, 5) << kind;
+      EXPECT_EQ(dev.steps, host.steps) << kind;
+      for (size_t t = 0; t < host.params.size(); ++t)
+        EXPECT_EQ(dev.params[t], host.params[t]) << kind << (bf16 ? " bf16 master" : " f32") << " step " << t;
+    }
+  }
+}
+
+TEST(DeviceHyperparams, StateDictRoundTripsTheDeviceCount) {
+  Tensor p = ops::ones({5});
+  p.requires_grad_(true);
+  optim::AdamW opt({p});
+  opt.set_device_hyperparams(true);
+  for (int t = 0; t < 3; ++t) opt.step(ops::full({1}, t == 1 ? 1.0 : 0.0));
+  EXPECT_EQ(opt.steps(), 2);
+  const auto state = opt.state_dict();
+  Tensor q = ops::ones({5});
+  q.requires_grad_(true);
+  optim::AdamW other({q});
+  other.set_device_hyperparams(true);
+  other.load_state_dict(state);
+  EXPECT_EQ(other.steps(), 2);
+  other.set_device_hyperparams(false);  // back to host mode: the count comes along
+  EXPECT_EQ(other.steps(), 2);
+  EXPECT_EQ(other.param_groups()[0].step, 2);
+}
+
+TEST(DeviceHyperparams, BadHyperTensorIsAClearError) {
+  Tensor p = ops::ones({4}), g = ops::ones({4}), m = ops::zeros({4}), v = ops::zeros({4});
+  AdamWAttrs at;
+  try {
+    ops::adamw_step_(p, g, m, v, at, Tensor(), Tensor(), ops::zeros({2}, DType::F32));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device hyperparameters"), std::string::npos) << e.what();
+  }
+}

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ampforge/autograd/node.h"
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::optim {
@@ -62,6 +63,46 @@ Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr
     groups_.push_back(std::move(g));
     state_.emplace_back();
   }
+  set_device_hyperparams(groups_[0].flat_params.device().is_cuda());
+}
+
+void Optimizer::set_device_hyperparams(bool on) {
+  autograd::NoGradGuard ng;
+  if (on == device_hyper_) return;
+  for (ParamGroup& g : groups_) {
+    if (on) {
+      g.hyper = ops::to_device(Tensor::from_vector<double>({static_cast<double>(g.step), g.lr}),
+                               g.flat_params.device());
+      g.hyper_lr = g.lr;
+    } else {
+      g.step = static_cast<int64_t>(ops::to_device(g.hyper, kCPU).data<double>()[0]);
+      g.hyper = Tensor();
+      g.hyper_lr = -1;
+    }
+  }
+  device_hyper_ = on;
+}
+
+void Optimizer::sync_hyperparams() {
+  if (!device_hyper_) return;
+  autograd::NoGradGuard ng;
+  for (ParamGroup& g : groups_) {
+    if (g.lr == g.hyper_lr) continue;
+    ops::fill_(ops::narrow(g.hyper, 0, 1, 1), g.lr);
+    g.hyper_lr = g.lr;
+  }
+}
+
+Tensor Optimizer::step_hyper(size_t group) {
+  if (!device_hyper_) return Tensor();
+  if (!cuda::is_capturing()) sync_hyperparams();
+  return groups_[group].hyper;
+}
+
+int64_t Optimizer::steps() const {
+  if (groups_.empty()) return 0;
+  if (!device_hyper_) return groups_[0].step;
+  return static_cast<int64_t>(ops::to_device(groups_[0].hyper, kCPU).data<double>()[0]);
 }
 
 void Optimizer::add_state(const std::string& name) {
@@ -82,8 +123,9 @@ ModelCopyRounding Optimizer::model_copy_rounding(size_t group, const RoundingOpt
   if (!r.stochastic) return {};
   const ParamGroup& g = groups_[group];
   const auto blocks = static_cast<uint64_t>((g.flat_params.numel() + 3) / 4);
-  // Golden-ratio mixing keeps the groups' key streams apart for the same user seed.
-  return {true, r.seed ^ (0x9E3779B97F4A7C15ull * (group + 1)), static_cast<uint64_t>(g.step) * blocks};
+  // Golden-ratio mixing keeps the groups' key streams apart for the same user seed. With device
+  // hyperparameters the kernel derives the offset from the count on the device (blocks_per_step).
+  return {true, r.seed ^ (0x9E3779B97F4A7C15ull * (group + 1)), static_cast<uint64_t>(g.step) * blocks, blocks};
 }
 
 Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
@@ -113,7 +155,9 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
     const std::string p = "group" + std::to_string(i) + ".";
     for (auto& [n, t] : state_[i]) out.emplace_back(p + n, t);
     if (groups_[i].master.defined()) out.emplace_back(p + "master", groups_[i].master);
-    out.emplace_back(p + "step", Tensor::from_vector<int64_t>({groups_[i].step}, Shape{}));
+    const int64_t step = device_hyper_ ? static_cast<int64_t>(ops::to_device(groups_[i].hyper, kCPU).data<double>()[0])
+                                       : groups_[i].step;
+    out.emplace_back(p + "step", Tensor::from_vector<int64_t>({step}, Shape{}));
     out.emplace_back(p + "lr", Tensor::from_vector<double>({groups_[i].lr}, Shape{}));
   }
   return out;
@@ -133,11 +177,18 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
       const Tensor& s = need(p + n);
       AF_CHECK(s.numel() == t.numel(), "optimizer state '{}{}': {} elements, expected {} (different model?)", p, n,
                s.numel(), t.numel());
-      ops::copy_(t, s.reshape(t.shape()));
+      ops::copy_(t, ops::to_device(s.reshape(t.shape()), t.device()));
     }
-    if (groups_[i].master.defined()) ops::copy_(groups_[i].master, need(p + "master"));
+    if (groups_[i].master.defined())
+      ops::copy_(groups_[i].master, ops::to_device(need(p + "master"), groups_[i].master.device()));
     groups_[i].step = static_cast<int64_t>(need(p + "step").item());
     groups_[i].lr = need(p + "lr").item();
+    if (device_hyper_) {
+      ops::copy_(groups_[i].hyper, ops::to_device(Tensor::from_vector<double>({static_cast<double>(groups_[i].step),
+                                                                               groups_[i].lr}),
+                                                  groups_[i].hyper.device()));
+      groups_[i].hyper_lr = groups_[i].lr;
+    }
   }
 }
 
@@ -153,6 +204,22 @@ double clip_grad_norm_(Optimizer& opt, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
     for (auto& g : opt.grad_buffers()) ops::mul_scalar_(g, coef);
+  return norm;
+}
+
+Tensor clip_grad_norm_on_device_(Optimizer& opt, double max_norm) {
+  AF_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
+  autograd::NoGradGuard ng;
+  Tensor sq;
+  for (auto& g : opt.grad_buffers()) {
+    Tensor f = ops::to_dtype(g, DType::F32);
+    Tensor part = ops::sum(ops::mul(f, f));
+    sq = sq.defined() ? ops::add(sq, part) : part;
+  }
+  const Tensor norm = ops::unary(OpId::sqrt, sq);
+  const Tensor coef = ops::clamp(ops::div(ops::full({}, max_norm, DType::F32, norm.device()), ops::add_scalar(norm, 1e-6)),
+                                 std::nullopt, 1.0);
+  for (auto& g : opt.grad_buffers()) ops::mul_(g, ops::to_dtype(coef, g.dtype()));
   return norm;
 }
 

@@ -30,7 +30,11 @@ struct ParamGroup {
   Tensor flat_params;  // parameter dtype: the module's parameters are views into it
   Tensor flat_grads;   // parameter dtype: each parameter's .grad is a view into it
   Tensor master;       // F32 copy when the parameters are 16-bit, else undefined
-  int64_t step = 0;    // completed (not skipped) steps of this group
+  int64_t step = 0;    // completed (not skipped) steps of this group (host mode; see device hyperparameters)
+  // Device hyperparameters {completed steps, lr} (F64, 2) on the parameters' device, when the optimizer
+  // runs in that mode; `step` is then stale and steps()/state_dict() read this tensor.
+  Tensor hyper;
+  double hyper_lr = -1;  // the lr last written into `hyper` (-1: none yet)
 };
 
 // How the optimizer writes 16-bit model copies in master-weight mode. Stochastic rounding (BF16 only)
@@ -65,8 +69,22 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Flat gradient buffers, one per group (GradScaler unscales these in one pass each).
   std::vector<Tensor> grad_buffers() const;
-  // Steps taken (by group 0); used by schedulers and checkpoints.
-  int64_t steps() const { return groups_.empty() ? 0 : groups_[0].step; }
+  // Steps taken (by group 0); used by schedulers and checkpoints. With device hyperparameters this reads
+  // the count from the device (a synchronisation).
+  int64_t steps() const;
+
+  // Device hyperparameters (core/attrs.h): the step count and learning rate of each group live in a small
+  // tensor on the parameters' device, which the fused kernel reads and advances itself. A step then never
+  // reads found_inf on the host (no synchronisation: the GradScaler's skip stays on the device), and a
+  // step captured in a CUDA graph uses the current lr and step number at every replay. On by default
+  // for parameters on a CUDA device, off on the CPU (where reading found_inf costs nothing); the result is
+  // the same either way.
+  void set_device_hyperparams(bool on);
+  bool device_hyperparams() const { return device_hyper_; }
+  // Writes each group's lr into its device hyperparameters when it changed. step() does this itself except
+  // while a CUDA graph is being captured (a value written then would be frozen into the graph): code that
+  // replays a captured step calls it before each replay, after changing the lr.
+  void sync_hyperparams();
 
   // Optimizer state (flat buffers and step counts), for checkpoints. Names: "group<i>.<buffer>".
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
@@ -85,15 +103,24 @@ class Optimizer {
   void add_state(const std::string& name);
   Tensor& state(size_t group, const std::string& name);
 
+  // The device hyperparameters to pass to the fused kernel for group i (undefined in host mode); brings
+  // them up to date first unless a CUDA graph is being captured.
+  Tensor step_hyper(size_t group);
+
   std::vector<ParamGroup> groups_;
   std::vector<std::map<std::string, Tensor>> state_;
 
  private:
   uint64_t id_;
+  bool device_hyper_ = false;
 };
 
 // Global L2 norm of all gradients; scales them by max_norm / (norm + 1e-6) when the norm exceeds
 // max_norm (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. One reduction per group.
 double clip_grad_norm_(Optimizer& opt, double max_norm);
+// The same clipping with the norm kept on the device: gradients are multiplied by
+// min(1, max_norm / (norm + 1e-6)) computed there (multiplying by exactly 1 changes nothing), and the norm
+// is returned as a one-element F32 tensor. No host synchronisation (the CUDA training step uses it).
+Tensor clip_grad_norm_on_device_(Optimizer& opt, double max_norm);
 
 }  // namespace ampforge::optim

@@ -4,6 +4,8 @@
 
 #include "ampforge/amp/autocast.h"
 #include "ampforge/autograd/functions.h"
+#include "ampforge/autograd/node.h"
+#include "ampforge/ops/ops.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/profiler/profiler.h"
 
@@ -21,14 +23,47 @@ StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler&
   Tensor loss;
   {
     profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
-    amp::Autocast ac(kCPU, use_autocast ? o.precision : DType::BF16, use_autocast);
+    amp::Autocast ac(x.device(), use_autocast ? o.precision : DType::BF16, use_autocast);
     Tensor logits = model(x);
     loss = cross_entropy(logits, y);
   }
   if (o.after_forward) o.after_forward(loss);
+  r.loss_tensor = ops::to_dtype(loss.detach(), DType::F32);
+  if (!o.read_loss) {
+    r.loss = std::nan("");
+    // Without a scaler nothing else would notice a non-finite loss: flag it on the device (amp_unscale_
+    // by 1 of a copy sets found when the value is Inf/NaN) and let the fused optimizer skip itself.
+    Tensor found;
+    if (!scaler.is_enabled()) {
+      autograd::NoGradGuard ng;
+      found = ops::zeros({}, DType::F32, loss.device());
+      ops::amp_unscale_(ops::mul_scalar(r.loss_tensor, 1.0), ops::ones({}, DType::F32, loss.device()), found);
+    }
+    {
+      profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
+      scaler.scale(loss).backward();
+    }
+    profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
+    r.backward_ran = true;
+    if (o.clip_grad_norm > 0) {
+      scaler.unscale_(opt);
+      optim::clip_grad_norm_on_device_(opt, o.clip_grad_norm);
+    }
+    if (scaler.is_enabled()) {
+      r.stepped = scaler.step(opt);
+    } else {
+      autograd::NoGradGuard ng;
+      AF_CHECK(opt.device_hyperparams(), "train_step: read_loss = false needs an optimizer with device "
+                                         "hyperparameters (it decides on the device whether to step)");
+      opt.step(found);
+      r.stepped = true;
+    }
+    scaler.update();
+    return r;
+  }
   r.loss = [&] {
     profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
-    return loss.item();
+    return r.loss_tensor.item();
   }();
   if (!std::isfinite(r.loss) && !scaler.is_enabled()) return r;  // the caller's NaN policy decides
   {

@@ -11,6 +11,7 @@
 #include "ampforge/amp/grad_scaler.h"
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/data/data_loader.h"
 #include "ampforge/memory/global.h"
@@ -82,6 +83,18 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
   optim::schedule_from_string(c.schedule);
   if (!c.profile_steps.empty()) parse_profile_steps(c.profile_steps);
+  Device dev;
+  try {
+    dev = Device::parse(c.device);
+  } catch (const Error&) {
+    AF_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got '{}'", c.device);
+  }
+  AF_CHECK(dev.is_cpu() || dev.is_cuda(), "--device must be cpu, cuda or cuda:N, got '{}'", c.device);
+  if (dev.is_cuda())
+    AF_CHECK(dev.index < cuda::device_count(), "--device {}: no such CUDA device ({} available{}{})", c.device,
+             cuda::device_count(), cuda::device_count() == 0 ? ": " : "", cuda::unavailable_reason());
+  AF_CHECK(!c.cuda_graphs || dev.is_cuda(), "--cuda-graphs needs --device cuda");
+  AF_CHECK(c.loss_read_interval >= 1, "--loss-read-interval must be >= 1, got {}", c.loss_read_interval);
 }
 
 std::string precision_name(DType d) { return d == DType::F32 ? "fp32" : d == DType::F16 ? "fp16" : "bf16"; }
@@ -92,7 +105,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"weight_decay", c.weight_decay}, {"schedule", c.schedule}, {"seed", c.seed},
           {"precision", precision_name(c.precision)}, {"master_weights", c.master_weights},
           {"stochastic_rounding", c.stochastic_rounding},
-          {"channels_last", c.channels_last}};
+          {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs}};
 }
 
 struct Eval {
@@ -106,29 +119,78 @@ Eval evaluate(nn::Module& model, data::DataLoader& loader, DType precision) {
   loader.start_epoch(0);
   int64_t correct = 0, total = 0;
   double loss_sum = 0;
+  // On a device the sums stay there (F32: exact for counts below 2^24) and are read once at the end.
+  Tensor dev_loss, dev_correct;
   while (auto b = loader.next()) {
     Tensor logits;
     {
-      amp::Autocast ac(kCPU, precision == DType::F32 ? DType::BF16 : precision, precision != DType::F32);
+      amp::Autocast ac(b->x.device(), precision == DType::F32 ? DType::BF16 : precision, precision != DType::F32);
       logits = model(b->x);
     }
     CrossEntropyAttrs ce;
     ce.reduction = Reduction::Sum;
-    loss_sum += cross_entropy(logits.to(DType::F32), b->y, ce).item();
+    Tensor batch_loss = cross_entropy(logits.to(DType::F32), b->y, ce);
     Tensor pred = argmax(logits, 1);
-    correct += static_cast<int64_t>(sum(eq(pred, b->y).to(DType::F32)).item());
+    Tensor batch_correct = sum(eq(pred, b->y).to(DType::F32));
     total += b->y.numel();
+    if (b->x.device().is_cpu()) {
+      loss_sum += batch_loss.item();
+      correct += static_cast<int64_t>(batch_correct.item());
+    } else {
+      dev_loss = dev_loss.defined() ? ops::add(dev_loss, batch_loss) : batch_loss;
+      dev_correct = dev_correct.defined() ? ops::add(dev_correct, batch_correct) : batch_correct;
+    }
+  }
+  if (dev_loss.defined()) {
+    loss_sum = dev_loss.item();
+    correct = static_cast<int64_t>(dev_correct.item());
   }
   model.train();
   return {total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0,
           total ? loss_sum / static_cast<double>(total) : 0.0};
 }
 
+// Losses of CUDA steps, kept on the device and read in blocks: one synchronisation per block instead of
+// one per step.
+class DeviceLosses {
+ public:
+  DeviceLosses(Device dev, int64_t capacity) : buf_(ops::zeros({capacity}, DType::F32, dev)), cap_(capacity) {}
+  // Queues a copy of `loss` (one element) into the block; true when the block is full (read it).
+  bool add(const Tensor& loss) {
+    autograd::NoGradGuard ng;
+    ops::copy_(ops::narrow(buf_, 0, n_, 1), loss.reshape({1}).to(DType::F32));
+    return ++n_ == cap_;
+  }
+  // The queued losses in step order (a synchronisation); empties the block.
+  std::vector<double> read() {
+    std::vector<double> out;
+    if (n_ == 0) return out;
+    Tensor host = ops::to_device(ops::narrow(buf_, 0, 0, n_), kCPU);
+    const float* v = host.data<float>();
+    out.assign(v, v + n_);
+    n_ = 0;
+    return out;
+  }
+
+ private:
+  Tensor buf_;
+  int64_t cap_, n_ = 0;
+};
+
+// The trainer's CUDA-graph state: static inputs, the graph of one training step, and its loss output.
+struct StepGraph {
+  static constexpr int64_t kWarmupSteps = 3;  // eager steps first: lazy state (scaler, caches, algorithms)
+  std::unique_ptr<cuda::Graph> graph;
+  Tensor x, y, loss;
+};
+
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   validate(cfg);
+  const Device dev = Device::parse(cfg.device);
+  const bool on_cuda = dev.is_cuda();
   const Stopwatch wall;
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   manual_seed(cfg.seed);
@@ -162,6 +224,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   lo.crop_padding = cfg.crop_padding;
   lo.hflip = cfg.hflip;
   lo.format = fmt;
+  lo.device = dev;
   data::DataLoader train_loader(train_ds, lo);
   data::LoaderOptions elo = lo;
   elo.shuffle = false;
@@ -177,6 +240,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   mo.image_size = train_ds->example_shape()[1];
   nn::ModulePtr model = models::create(cfg.model, mo);
   if (cfg.master_weights) model->to(cfg.precision);
+  if (on_cuda) model->to(dev);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(cfg, model->parameters());
   const int64_t steps_per_epoch = train_loader.num_batches();
   const int64_t total_steps = steps_per_epoch * cfg.epochs;
@@ -193,6 +257,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   r.model = cfg.model;
   r.dataset = cfg.dataset;
   r.precision = precision_name(cfg.precision);
+  r.device = dev.str();
   r.parameters = model->num_parameters();
 
   CheckpointPosition pos;
@@ -222,14 +287,21 @@ TrainResult train(const TrainConfig& cfg_in) {
 
   if (cfg.verbose)
     std::fprintf(stderr, "ampforge train: %s (%lld parameters) on %s, %lld epochs x %lld steps, batch %lld, %s, %s, "
-                 "%d threads\n", cfg.model.c_str(), static_cast<long long>(r.parameters), cfg.dataset.c_str(),
+                 "%d threads%s%s\n", cfg.model.c_str(), static_cast<long long>(r.parameters), cfg.dataset.c_str(),
                  static_cast<long long>(cfg.epochs), static_cast<long long>(steps_per_epoch),
-                 static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), r.precision.c_str(), get_num_threads());
+                 static_cast<long long>(cfg.batch_size), cfg.optimizer.c_str(), r.precision.c_str(), get_num_threads(),
+                 on_cuda ? (", device " + r.device).c_str() : "", cfg.cuda_graphs ? ", CUDA graphs" : "");
 
   StepOptions step_opts;  // the step itself is train_step (train/step.h), shared with `memory fit`
   step_opts.precision = cfg.precision;
   step_opts.clip_grad_norm = cfg.clip_grad_norm;
   step_opts.schedule = &sched;
+  // CUDA: the step keeps every decision on the device (no synchronisation), losses are read in blocks.
+  step_opts.read_loss = !on_cuda;
+  std::optional<DeviceLosses> dev_losses;
+  if (on_cuda) dev_losses.emplace(dev, cfg.loss_read_interval);
+  StepGraph sg;
+  const uint64_t syncs_before = cuda::host_sync_count();
   std::unique_ptr<profiler::Session> prof;
   std::pair<int64_t, int64_t> prof_steps{0, -1};
   if (cfg.profile || !cfg.trace.empty()) {
@@ -245,13 +317,35 @@ TrainResult train(const TrainConfig& cfg_in) {
   double train_seconds = 0;
   stop_requested().store(false);
   model->train();
+  double last_loss = 0;
+  const int64_t first_step_of_run = pos.global_step;
+  // Takes the losses read from the device, in step order; applies the NaN policy (without a scaler the
+  // device already skipped those optimizer steps). Returns false when training must stop.
+  auto take_device_losses = [&] {
+    if (!dev_losses) return true;
+    profiler::Range sync_range("loss read", profiler::RangeKind::Sync);
+    for (double lv : dev_losses->read()) {
+      const int64_t step = static_cast<int64_t>(r.losses.size());
+      r.losses.push_back(lv);
+      last_loss = lv;
+      if (!std::isfinite(lv) && !scaler.is_enabled()) {
+        if (cfg.nan_policy == "stop") {
+          if (r.stopped_reason.empty())
+            r.stopped_reason = fmt::format("non-finite loss ({}) at step {} (the device skipped its update; read "
+                                           "at step {})", lv, step, pos.global_step);
+        } else {
+          ++r.skipped_steps;
+        }
+      }
+    }
+    return r.stopped_reason.empty();
+  };
   for (int64_t epoch = pos.epoch; epoch < cfg.epochs && r.stopped_reason.empty(); ++epoch) {
     const int64_t skip = epoch == pos.epoch ? pos.batch_in_epoch : 0;
     train_loader.start_epoch(epoch, skip);
     Progress bar(fmt::format("epoch {}/{}", epoch + 1, cfg.epochs), steps_per_epoch, cfg.progress);
     const Stopwatch epoch_clock;
     int64_t epoch_samples = 0;
-    double last_loss = 0;
     int64_t b_in_epoch = skip;
     for (;;) {
       profile_window(pos.global_step);
@@ -265,29 +359,76 @@ TrainResult train(const TrainConfig& cfg_in) {
       }
       if (!batch) break;
       step_opts.global_step = pos.global_step;
-      const StepResult sr = train_step(*model, *opt, scaler, batch->x, batch->y, step_opts);
-      const double lv = sr.loss;
-      if (!sr.backward_ran) {  // non-finite loss without a scaler: no backward, no step
-        if (cfg.nan_policy == "stop") {
-          r.stopped_reason = fmt::format("non-finite loss ({}) at step {}", lv, pos.global_step);
-          save({epoch, b_in_epoch, pos.global_step});
+      double lv = std::nan("");
+      if (on_cuda) {
+        // Graphs need static shapes: full batches only (a short last batch runs eagerly).
+        const bool graphable = cfg.cuda_graphs && batch->y.numel() == cfg.batch_size &&
+                               pos.global_step - first_step_of_run >= StepGraph::kWarmupSteps;
+        Tensor loss;
+        if (graphable) {
+          if (!sg.graph) {
+            // Capture once: static inputs, one step recorded (not run), then the first replay runs it.
+            sg.x = Tensor::empty(batch->x.shape(), batch->x.dtype(), dev, batch->x.suggest_memory_format());
+            sg.y = Tensor::empty(batch->y.shape(), batch->y.dtype(), dev);
+            ops::copy_(sg.x, batch->x);
+            ops::copy_(sg.y, batch->y);
+            sched.apply(pos.global_step);
+            opt->sync_hyperparams();
+            StepOptions gopts = step_opts;
+            gopts.schedule = nullptr;  // the lr is written into the device hyperparameters before each replay
+            auto graph = std::make_unique<cuda::Graph>(dev.index);
+            graph->capture_begin();
+            const StepResult captured = train_step(*model, *opt, scaler, sg.x, sg.y, gopts);
+            graph->capture_end();
+            sg.loss = captured.loss_tensor;
+            sg.graph = std::move(graph);
+            r.graph_nodes = sg.graph->num_nodes();
+            r.graph_kernels = sg.graph->num_kernel_nodes();
+            // Per replayed step: the graph, two input copies, the loss copy (+ an lr fill when it changes).
+            r.graph_launches_per_step = 4;
+          } else {
+            ops::copy_(sg.x, batch->x);
+            ops::copy_(sg.y, batch->y);
+            sched.apply(pos.global_step);
+            opt->sync_hyperparams();
+          }
+          sg.graph->replay();
+          ++r.graph_steps;
+          loss = sg.loss;
+        } else {
+          loss = train_step(*model, *opt, scaler, batch->x, batch->y, step_opts).loss_tensor;
+        }
+        if (dev_losses->add(loss) && !take_device_losses()) {
+          save({epoch, b_in_epoch + 1, pos.global_step + 1});
+          ++pos.global_step;
           break;
         }
-        ++r.skipped_steps;
-      } else if (!sr.stepped) {
-        ++r.overflow_events;
+      } else {
+        const StepResult sr = train_step(*model, *opt, scaler, batch->x, batch->y, step_opts);
+        lv = sr.loss;
+        if (!sr.backward_ran) {  // non-finite loss without a scaler: no backward, no step
+          if (cfg.nan_policy == "stop") {
+            r.stopped_reason = fmt::format("non-finite loss ({}) at step {}", lv, pos.global_step);
+            save({epoch, b_in_epoch, pos.global_step});
+            break;
+          }
+          ++r.skipped_steps;
+        } else if (!sr.stepped) {
+          ++r.overflow_events;
+        }
+        r.losses.push_back(lv);
+        last_loss = lv;
       }
       profiler::sample_memory();
-      r.losses.push_back(lv);
-      last_loss = lv;
       ++pos.global_step;
       if (!cfg.memory_trace.empty()) memory::step();  // a step boundary in the trace and the timeline
       ++b_in_epoch;
       epoch_samples += batch->y.numel();
-      bar.update(b_in_epoch, fmt::format("loss {:.4f} {:.0f} samples/s", lv,
+      bar.update(b_in_epoch, fmt::format("loss {:.4f} {:.0f} samples/s", last_loss,
                                          static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
       const bool at_max = cfg.max_steps >= 0 && pos.global_step >= cfg.max_steps;
       if (stop_requested().load() || at_max) {
+        take_device_losses();
         const bool epoch_done = b_in_epoch >= steps_per_epoch;
         CheckpointPosition p{epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : b_in_epoch, pos.global_step};
         r.stopped_reason = at_max ? "max_steps" : "interrupted";
@@ -296,6 +437,8 @@ TrainResult train(const TrainConfig& cfg_in) {
         break;
       }
     }
+    // CUDA: the epoch's work is done only when its last losses arrive (this read waits for it).
+    if (r.stopped_reason.empty() && !take_device_losses()) save({epoch + 1, 0, pos.global_step});
     train_seconds += epoch_clock.seconds();
     samples += epoch_samples;
     r.final_train_loss = last_loss;
@@ -328,9 +471,15 @@ TrainResult train(const TrainConfig& cfg_in) {
   r.train_seconds = train_seconds;
   r.train_samples_per_sec = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
   r.data_wait_seconds = train_loader.wait_seconds();
+  if (on_cuda) r.host_syncs = static_cast<int64_t>(cuda::host_sync_count() - syncs_before);
   r.wall_seconds = wall.seconds();
   if (!cfg.memory_trace.empty()) memory::trace_stop();
-  if (auto st = memory::allocator_stats()) {
+  memory::CachingAllocator* cuda_alloc = on_cuda ? cuda::caching_allocator(dev.index) : nullptr;
+  if (cuda_alloc != nullptr) {
+    const memory::AllocatorStats st = cuda_alloc->stats();
+    r.peak_memory_bytes = st.reserved.peak;
+    r.memory_stats_json = memory::stats_to_json(st).dump();
+  } else if (auto st = memory::allocator_stats()) {
     r.peak_memory_bytes = st->reserved.peak;
     r.memory_stats_json = memory::stats_to_json(*st).dump();
   } else {
@@ -338,6 +487,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   r.loss_scale = scaler.is_enabled() ? scaler.get_scale() : 0.0;
   r.skipped_steps += scaler.skipped_steps();
+  if (on_cuda) r.overflow_events = scaler.skipped_steps();  // the device decided; counted there
   return r;
 }
 

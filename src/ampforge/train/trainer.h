@@ -51,6 +51,12 @@ struct TrainConfig {
   bool profile = false;                    // collect a profile (TrainResult::profile)
   std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
   std::string trace;                       // write a Chrome trace here (implies profile)
+  // Device (docs/ARCHITECTURE.md, "Training on CUDA"): "cpu", "cuda" or "cuda:N". On CUDA, batches are
+  // uploaded on the copy stream while the previous step computes, every step decision stays on the device
+  // (no host synchronisation in a step) and losses are read in blocks of `loss_read_interval` steps.
+  std::string device = "cpu";
+  bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
+  int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
 };
 
 struct TrainResult {
@@ -60,11 +66,17 @@ struct TrainResult {
   double train_samples_per_sec = 0, wall_seconds = 0, train_seconds = 0, data_wait_seconds = 0;
   int64_t peak_memory_bytes = 0;   // peak reserved by the caching allocator (bytes held from the OS)
   std::string memory_stats_json;   // the allocator's full statistics (memory/stats.h), as JSON
+  std::string device;
   std::vector<double> losses;         // training loss per step (this run)
   std::vector<double> epoch_accuracy;  // test accuracy after each epoch (this run)
   // Mixed precision
   double loss_scale = 0;  // final GradScaler scale (0: no scaler)
   int64_t skipped_steps = 0, overflow_events = 0;
+  // CUDA graphs: operations in the captured step (each an eager launch without graphs; kernels among
+  // them), launches per replayed step (the graph, the input copies and the loss copy), steps replayed.
+  int64_t graph_nodes = 0, graph_kernels = 0, graph_launches_per_step = 0, graph_steps = 0;
+  // CUDA: host synchronisations during training (cuda::host_sync_count()), and per step.
+  int64_t host_syncs = 0;
   bool interrupted = false;
   std::string stopped_reason;  // "" | "interrupted" | "max_steps" | "non-finite loss at step N"
   std::string checkpoint;      // path written, if any

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/train/trainer.h"
 
@@ -168,6 +169,25 @@ TEST(Trainer, BadConfigIsRejected) {
   c = small_config();
   c.optimizer = "lamb";
   EXPECT_THROW(train::train(c), Error);
+  c = small_config();
+  c.device = "tpu";
+  EXPECT_THROW(train::train(c), Error);
+  c = small_config();
+  c.cuda_graphs = true;  // on the CPU
+  EXPECT_THROW(train::train(c), Error);
+  c = small_config();
+  c.loss_read_interval = 0;
+  EXPECT_THROW(train::train(c), Error);
+  if (cuda::device_count() == 0) {
+    c = small_config();
+    c.device = "cuda";
+    try {
+      train::train(c);
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no such CUDA device"), std::string::npos) << e.what();
+    }
+  }
   c = small_config();
   c.dataset = "fashion-mnist";
   c.data_dir = tmp("no_such_dir").string();

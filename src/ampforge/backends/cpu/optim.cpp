@@ -1,6 +1,8 @@
 // Fused optimizer kernels over flat buffers: one pass updates every parameter of a group.
-// Layout (KernelArgs): outputs = {param (F32), state...[, model_param (16-bit copy)]}, inputs = {grad[, found_inf]}.
-// A non-zero found_inf skips the step (the GradScaler's decision, read where the data lives).
+// Layout (KernelArgs): outputs = {param (F32), state...[, model_param (16-bit copy)]},
+// inputs = {grad[, found_inf[, hyper]]}. A non-zero found_inf skips the step (the GradScaler's decision, read
+// where the data lives). hyper: device hyperparameters {completed steps, lr} (core/attrs.h), read here and
+// advanced after a step that ran.
 #include <array>
 #include <cmath>
 
@@ -15,6 +17,29 @@ namespace {
 bool skip_step(const KernelArgs& a, size_t found_inf_index) {
   if (a.inputs.size() <= found_inf_index || !a.in(found_inf_index).defined()) return false;
   return *static_cast<const float*>(a.in(found_inf_index).data_ptr()) != 0.0f;
+}
+
+// The step's hyperparameters: from the device tensor when there is one, else from the attrs.
+struct StepHyper {
+  double* hyper = nullptr;  // {completed steps, lr}
+  int64_t step = 1;         // 1-based number of this step
+  double lr = 0;
+  ModelCopyRounding rounding;
+  void advance() const {
+    if (hyper != nullptr) hyper[0] += 1.0;
+  }
+};
+
+StepHyper step_hyper(const KernelArgs& a, int64_t attr_step, double attr_lr, const ModelCopyRounding& rounding) {
+  StepHyper h{nullptr, attr_step, attr_lr, rounding};
+  if (a.inputs.size() > 2 && a.in(2).defined()) {
+    h.hyper = static_cast<double*>(a.in(2).data_ptr());
+    const auto completed = static_cast<int64_t>(h.hyper[0]);
+    h.step = completed + 1;
+    h.lr = h.hyper[1];
+    h.rounding.offset = static_cast<uint64_t>(completed) * rounding.blocks_per_step;
+  }
+  return h;
 }
 
 // Gradients arrive in the parameter dtype or (master-weight mode) in 16 bits; read them as float.
@@ -61,15 +86,16 @@ void store_model_copy(const KernelArgs& a, size_t idx, const ModelCopyRounding& 
 void adamw_kernel(const KernelArgs& a) {
   if (skip_step(a, 1)) return;
   const auto& at = a.attr<AdamWAttrs>();
+  const StepHyper hp = step_hyper(a, at.step, at.lr, at.rounding);
   const Tensor& param = a.out(0);
   float* p = static_cast<float*>(param.data_ptr());
   float* m1 = static_cast<float*>(a.out(1).data_ptr());
   float* m2 = static_cast<float*>(a.out(2).data_ptr());
-  const double bc1 = 1.0 - std::pow(at.beta1, static_cast<double>(at.step));
-  const double bc2 = 1.0 - std::pow(at.beta2, static_cast<double>(at.step));
+  const double bc1 = 1.0 - std::pow(at.beta1, static_cast<double>(hp.step));
+  const double bc2 = 1.0 - std::pow(at.beta2, static_cast<double>(hp.step));
   const float b1 = static_cast<float>(at.beta1), b2 = static_cast<float>(at.beta2);
-  const float decay = static_cast<float>(1.0 - at.lr * at.weight_decay);
-  const float step_size = static_cast<float>(at.lr / bc1);
+  const float decay = static_cast<float>(1.0 - hp.lr * at.weight_decay);
+  const float step_size = static_cast<float>(hp.lr / bc1);
   const float sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
   const float eps = static_cast<float>(at.eps);
   parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
@@ -83,18 +109,21 @@ void adamw_kernel(const KernelArgs& a) {
         vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
         pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / sqrt_bc2 + eps);  // PyTorch order of operations
       }
-      store_model_copy(a, 3, at.rounding, pp, c, m);
+      store_model_copy(a, 3, hp.rounding, pp, c, m);
     });
   });
+  hp.advance();
 }
 
 void sgd_kernel(const KernelArgs& a) {
   if (skip_step(a, 1)) return;
   const auto& at = a.attr<SgdAttrs>();
+  const StepHyper hp = step_hyper(a, at.first_step ? 1 : 2, at.lr, at.rounding);
+  const bool first_step = hp.step == 1;
   const Tensor& param = a.out(0);
   float* p = static_cast<float*>(param.data_ptr());
   float* buf = a.outputs.size() > 1 && a.out(1).defined() ? static_cast<float*>(a.out(1).data_ptr()) : nullptr;
-  const float lr = static_cast<float>(at.lr), mom = static_cast<float>(at.momentum);
+  const float lr = static_cast<float>(hp.lr), mom = static_cast<float>(at.momentum);
   const float damp = static_cast<float>(at.dampening), wd = static_cast<float>(at.weight_decay);
   parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
     with_grad_floats(a.in(0), b, e, [&](int64_t c, int64_t m, const float* g) {
@@ -103,14 +132,15 @@ void sgd_kernel(const KernelArgs& a) {
         float d = g[i] + wd * pp[i];
         if (buf != nullptr) {
           float& bb = buf[c + i];
-          bb = at.first_step ? d : mom * bb + (1.0f - damp) * d;
+          bb = first_step ? d : mom * bb + (1.0f - damp) * d;
           d = at.nesterov ? d + mom * bb : bb;
         }
         pp[i] -= lr * d;
       }
-      store_model_copy(a, 2, at.rounding, pp, c, m);
+      store_model_copy(a, 2, hp.rounding, pp, c, m);
     });
   });
+  hp.advance();
 }
 
 }  // namespace

@@ -71,7 +71,10 @@ void host_to_device(const Tensor& dst, const Tensor& src) {
                                 cudaMemcpyHostToDevice, stream));
   // From pageable memory the call returns once the source has been staged, so hsrc may go; from pinned
   // memory the transfer is still in flight: wait before the host buffer can be freed or reused.
-  if (is_pinned(hsrc.data_ptr())) AF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (is_pinned(hsrc.data_ptr())) {
+    count_host_sync();
+    AF_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   if (!ddst.is_same(dst)) copy_on_device(dst, ddst);
 }
 
@@ -88,6 +91,7 @@ void device_to_host(const Tensor& dst, const Tensor& src) {
   const Tensor hdst = direct ? dst : empty_dense_like(dsrc, dsrc.dtype(), kCPU);
   AF_CUDA_CHECK(cudaMemcpyAsync(hdst.data_ptr(), dsrc.data_ptr(), static_cast<size_t>(dsrc.nbytes()),
                                 cudaMemcpyDeviceToHost, stream));
+  count_host_sync();
   AF_CUDA_CHECK(cudaStreamSynchronize(stream));
   check_device_errors(dev.index);
   if (!direct) cpu_copy(dst, hdst);
@@ -103,6 +107,7 @@ void device_to_device(const Tensor& dst, const Tensor& src) {
       copy_on_device(dsrc, src);
     }
     // The peer copy runs on the destination's stream: the source's pending work must finish first.
+    count_host_sync();
     AF_CUDA_CHECK(cudaStreamSynchronize(stream_for(sdev)));
   }
   DeviceGuard guard(ddev);
@@ -110,6 +115,7 @@ void device_to_device(const Tensor& dst, const Tensor& src) {
   AF_CUDA_CHECK(cudaMemcpyPeerAsync(ddst.data_ptr(), ddev.index, dsrc.data_ptr(), sdev.index,
                                     static_cast<size_t>(dsrc.nbytes()), stream_for(ddev)));
   // dsrc belongs to the source device's stream: keep it alive until the transfer is done.
+  count_host_sync();
   AF_CUDA_CHECK(cudaStreamSynchronize(stream_for(ddev)));
   if (!ddst.is_same(dst)) copy_on_device(dst, ddst);
 }
@@ -119,6 +125,12 @@ void copy_kernel(const KernelArgs& a) {
   const Tensor& src = a.in(0);
   if (dst.numel() == 0) return;
   const Device sd = src.device(), dd = dst.device();
+  // A captured graph would replay a transfer from host memory that may be gone by then, and a copy to the
+  // host needs a synchronisation, which a capture cannot contain: refuse clearly instead of letting the
+  // capture fail later with an opaque status.
+  AF_CHECK(sd == dd || !is_capturing(),
+           "copy {} -> {} inside a CUDA graph capture: captured work must stay on the device (copy inputs into the "
+           "graph's static tensors before replay, read results after it)", sd.str(), dd.str());
   if (sd == dd) {
     copy_on_device(dst, src);
   } else if (sd.is_cpu() && dd.is_cuda()) {

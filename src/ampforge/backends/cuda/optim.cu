@@ -1,9 +1,13 @@
 // CUDA fused optimizer steps and the mixed-precision kernels. Contracts are the CPU kernels'
 // (backends/cpu/optim.cpp, backends/cpu/amp.cpp):
-//   adamw_step / sgd_step  outputs {param (F32), state... [, model copy (F16/BF16)]}, inputs {grad [, found_inf]}.
+//   adamw_step / sgd_step  outputs {param (F32), state... [, model copy (F16/BF16)]},
+//                          inputs {grad [, found_inf [, hyper]]}.
 //                          One launch over a flat buffer. found_inf (one F32 on the device) is read by the
 //                          kernel itself: non-zero makes every thread return, leaving all buffers untouched,
-//                          so GradScaler's skip decision never reaches the host.
+//                          so GradScaler's skip decision never reaches the host. hyper (F64 {completed
+//                          steps, lr}, core/attrs.h) is read by every thread (bias corrections computed on the
+//                          device) and advanced by a one-thread kernel after the update when the step ran:
+//                          a second launch, so that no thread of the first can read a half-advanced count.
 //   amp_unscale            inputs {inv_scale (F32, 1)}, outputs {grads (in place), found_inf (F32, 1)}; found_inf
 //                          is set to 1 when a gradient is Inf/NaN and never cleared here.
 //   amp_update_scale       inputs {found_inf}, outputs {scale (F32, 1), growth_tracker (I32, 1)}: one thread.
@@ -24,6 +28,7 @@ struct ModelCopy {
   CopyMode mode = CopyMode::None;
   void* data = nullptr;
   uint64_t seed = 0, offset = 0;
+  uint64_t blocks_per_step = 0;  // with device hyperparameters: offset = completed steps x this
 };
 
 // The 16-bit model copy of master element i. Stochastic BF16 rounding adds the low 16 bits of word i % 4
@@ -56,6 +61,7 @@ ModelCopy model_copy(const KernelArgs& a, size_t idx, const ModelCopyRounding& r
   mc.data = mp.data_ptr();
   mc.seed = rounding.seed;
   mc.offset = rounding.offset;
+  mc.blocks_per_step = rounding.blocks_per_step;
   if (mp.dtype() == DType::F16)
     mc.mode = CopyMode::F16;
   else if (mp.dtype() == DType::BF16)
@@ -71,17 +77,53 @@ const float* found_inf_ptr(const KernelArgs& a, size_t idx) {
   return static_cast<const float*>(a.in(idx).data_ptr());
 }
 
+double* hyper_ptr(const KernelArgs& a, size_t idx) {
+  if (a.inputs.size() <= idx || !a.in(idx).defined()) return nullptr;
+  return static_cast<double*>(a.in(idx).data_ptr());
+}
+
+// hyper[0] += 1 unless the step was skipped (found_inf non-zero).
+__global__ void advance_hyper_kernel(double* hyper, const float* found_inf) {
+  if (found_inf == nullptr || *found_inf == 0.0f) hyper[0] += 1.0;
+}
+
+void advance_hyper(const DeviceState& s, double* hyper, const float* found) {
+  if (hyper == nullptr) return;
+  advance_hyper_kernel<<<1, 1, 0, s.compute>>>(hyper, found);
+  AF_CUDA_CHECK_LAUNCH();
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------------------------
 
 struct AdamWParams {
   float b1, b2, decay, step_size, sqrt_bc2, eps;
 };
 
+// The per-step constants, computed in double and rounded as the CPU kernel does; on the host from the
+// attrs, or on the device from the hyperparameter tensor.
+__host__ __device__ inline AdamWParams adamw_params(double beta1, double beta2, double eps, double weight_decay, double lr,
+                                     double step) {
+  const double bc1 = 1.0 - pow(beta1, step);
+  const double bc2 = 1.0 - pow(beta2, step);
+  return {static_cast<float>(beta1),          static_cast<float>(beta2), static_cast<float>(1.0 - lr * weight_decay),
+          static_cast<float>(lr / bc1),       static_cast<float>(sqrt(bc2)), static_cast<float>(eps)};
+}
+
+struct AdamWConsts {
+  double beta1, beta2, eps, weight_decay;
+};
+
 template <class G>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(int64_t n, float* __restrict__ p, float* __restrict__ m1,
                                                          float* __restrict__ m2, const G* __restrict__ g,
-                                                         const float* found_inf, AdamWParams h, ModelCopy mc) {
+                                                         const float* found_inf, AdamWParams h, ModelCopy mc,
+                                                         const double* hyper, AdamWConsts c) {
   if (found_inf != nullptr && *found_inf != 0.0f) return;
+  if (hyper != nullptr) {
+    const double completed = hyper[0];
+    h = adamw_params(c.beta1, c.beta2, c.eps, c.weight_decay, hyper[1], completed + 1.0);
+    mc.offset = static_cast<uint64_t>(completed) * mc.blocks_per_step;
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const float gi = to_float(g[i]);
@@ -101,26 +143,23 @@ void adamw_cuda(const KernelArgs& a) {
   const Tensor& param = a.out(0);
   const Tensor& grad = a.in(0);
   if (param.numel() == 0) return;
-  AdamWParams h;
-  const double bc1 = 1.0 - std::pow(at.beta1, static_cast<double>(at.step));
-  const double bc2 = 1.0 - std::pow(at.beta2, static_cast<double>(at.step));
-  h.b1 = static_cast<float>(at.beta1);
-  h.b2 = static_cast<float>(at.beta2);
-  h.decay = static_cast<float>(1.0 - at.lr * at.weight_decay);
-  h.step_size = static_cast<float>(at.lr / bc1);
-  h.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
-  h.eps = static_cast<float>(at.eps);
+  const AdamWParams h =
+      adamw_params(at.beta1, at.beta2, at.eps, at.weight_decay, at.lr, static_cast<double>(at.step));
+  const AdamWConsts consts{at.beta1, at.beta2, at.eps, at.weight_decay};
   const ModelCopy mc = model_copy(a, 3, at.rounding);
   const float* found = found_inf_ptr(a, 1);
+  double* hyper = hyper_ptr(a, 2);
   DeviceGuard guard(param.device());
   const DeviceState& s = device_state(param.device());
   visit_float(grad.dtype(), "adamw_step (gradient)", [&](auto tag) {
     using G = decltype(tag);
     adamw_kernel<G><<<blocks_for(param.numel(), kThreads, s), kThreads, 0, s.compute>>>(
         param.numel(), static_cast<float*>(param.data_ptr()), static_cast<float*>(a.out(1).data_ptr()),
-        static_cast<float*>(a.out(2).data_ptr()), static_cast<const G*>(grad.data_ptr()), found, h, mc);
+        static_cast<float*>(a.out(2).data_ptr()), static_cast<const G*>(grad.data_ptr()), found, h, mc, hyper,
+        consts);
   });
   AF_CUDA_CHECK_LAUNCH();
+  advance_hyper(s, hyper, found);
 }
 
 // ---- SGD -------------------------------------------------------------------------------------------------------
@@ -133,8 +172,14 @@ struct SgdParams {
 template <class G>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(int64_t n, float* __restrict__ p, float* __restrict__ buf,
                                                        const G* __restrict__ g, const float* found_inf, SgdParams h,
-                                                       ModelCopy mc) {
+                                                       ModelCopy mc, const double* hyper) {
   if (found_inf != nullptr && *found_inf != 0.0f) return;
+  if (hyper != nullptr) {
+    const double completed = hyper[0];
+    h.lr = static_cast<float>(hyper[1]);
+    h.first_step = completed == 0.0;
+    mc.offset = static_cast<uint64_t>(completed) * mc.blocks_per_step;
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     float pp = p[i];
@@ -160,15 +205,17 @@ void sgd_cuda(const KernelArgs& a) {
   float* buf = a.outputs.size() > 1 && a.out(1).defined() ? static_cast<float*>(a.out(1).data_ptr()) : nullptr;
   const ModelCopy mc = model_copy(a, 2, at.rounding);
   const float* found = found_inf_ptr(a, 1);
+  double* hyper = hyper_ptr(a, 2);
   DeviceGuard guard(param.device());
   const DeviceState& s = device_state(param.device());
   visit_float(grad.dtype(), "sgd_step (gradient)", [&](auto tag) {
     using G = decltype(tag);
     sgd_kernel<G><<<blocks_for(param.numel(), kThreads, s), kThreads, 0, s.compute>>>(
         param.numel(), static_cast<float*>(param.data_ptr()), buf, static_cast<const G*>(grad.data_ptr()), found, h,
-        mc);
+        mc, hyper);
   });
   AF_CUDA_CHECK_LAUNCH();
+  advance_hyper(s, hyper, found);
 }
 
 // ---- AMP ------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 //   normal   elements 2c, 2c + 1 = the Box-Muller pair of words 0, 1 of Philox(seed, offset + c), in double
 //   dropout  element i kept when unit(word i % 4 of Philox(seed, offset + i / 4)) < 1 - p
 // One thread per Philox block, so each block is computed once. Outputs are contiguous (ops/ checks).
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/backends/cuda/kernels.cuh"
 #include "ampforge/backends/cuda/register.h"
 #include "ampforge/core/attrs.h"
@@ -67,7 +68,16 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(int64_t n, const T* x
   }
 }
 
+// The Philox offset is a launch argument taken from the host generator: a CUDA graph would replay the
+// same numbers at every replay. Refuse inside a capture rather than train with a frozen dropout mask.
+void refuse_in_capture(const char* op) {
+  AF_CHECK(!is_capturing(), "{} inside a CUDA graph capture: random numbers would repeat at every replay (the "
+                            "Philox offset is fixed at capture time); run models with dropout without --cuda-graphs",
+           op);
+}
+
 void rand_uniform_cuda(const KernelArgs& a) {
+  refuse_in_capture("rand_uniform");
   const auto& at = a.attr<RandAttrs>();
   const Tensor& out = a.out(0);
   AF_ASSERT(out.is_contiguous(), "rand_uniform: output must be contiguous");
@@ -84,6 +94,7 @@ void rand_uniform_cuda(const KernelArgs& a) {
 }
 
 void rand_normal_cuda(const KernelArgs& a) {
+  refuse_in_capture("rand_normal");
   const auto& at = a.attr<RandAttrs>();
   const Tensor& out = a.out(0);
   AF_ASSERT(out.is_contiguous(), "rand_normal: output must be contiguous");
@@ -99,6 +110,7 @@ void rand_normal_cuda(const KernelArgs& a) {
 }
 
 void dropout_cuda(const KernelArgs& a) {
+  refuse_in_capture("dropout");
   const Tensor &x = a.in(0), &y = a.out(0), &mask = a.out(1);
   const auto& at = a.attr<DropoutAttrs>();
   AF_ASSERT(x.is_contiguous() && y.is_contiguous() && mask.is_contiguous(), "dropout: operands must be contiguous");

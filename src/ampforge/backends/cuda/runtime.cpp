@@ -3,10 +3,14 @@
 #include "ampforge/backends/cuda/runtime.h"
 
 #include <cublasLt.h>
+#if defined(AMPFORGE_WITH_CUDNN)
+#include <cudnn.h>
+#endif
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ampforge/backends/cuda/cuda.h"
@@ -67,6 +71,29 @@ void throw_cublas_error(int status, const char* call, const char* file, int line
   detail::throw_error(kind, file, line, nullptr,
                       fmt::format("cuBLAS error: {} failed at {}:{}: {} ({})", call, file, line,
                                   cublasLtGetStatusName(st), cublasLtGetStatusString(st)));
+}
+
+void throw_cudnn_error(int status, const char* call, const char* file, int line) {
+  ErrorKind kind = ErrorKind::Internal;
+  std::string name = fmt::format("status {}", status), said;
+#if defined(AMPFORGE_WITH_CUDNN)
+  const auto st = static_cast<cudnnStatus_t>(status);
+  if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED)
+    kind = ErrorKind::NotImplemented;
+  else if (st == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+           st == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    kind = ErrorKind::OutOfMemory;
+  name = fmt::format("{} ({})", cudnnGetErrorString(st), status);
+#if CUDNN_MAJOR >= 9
+  // The library's own explanation of its most recent failure on this thread (which parameter, which limit).
+  char message[512] = {};
+  cudnnGetLastErrorString(message, sizeof(message));
+  message[sizeof(message) - 1] = '\0';
+  if (message[0] != '\0') said = std::string("; cuDNN says: ") + message;
+#endif
+#endif
+  detail::throw_error(kind, file, line, nullptr,
+                      fmt::format("cuDNN error: {} failed at {}:{}: {}{}", call, file, line, name, said));
 }
 
 // ---- discovery --------------------------------------------------------------------------------------
@@ -162,25 +189,87 @@ void init_slot(Slot& slot, int device) {
   s.allocator = new memory::CachingAllocator(*slot.provider, memory::PolicyConfig::ampforge(), slot.events);
 }
 
+// ---- allocation routing ------------------------------------------------------------------------------
+
+thread_local int t_capture_device = -1;
+thread_local memory::CachingAllocator* t_capture_pool = nullptr;
+thread_local int t_copy_device = -1;
+
+// Graph pools per device (registered once, never removed; see register_pool).
+struct PoolRegistry {
+  std::mutex mu;
+  std::vector<std::pair<int, memory::CachingAllocator*>> pools;
+  std::atomic<bool> any{false};
+};
+PoolRegistry& pool_registry() {
+  static auto* r = new PoolRegistry;
+  return *r;
+}
+
+std::atomic<uint64_t> g_host_syncs{0};
+
+// The allocation for `device` on this thread: the capture pool, or the main allocator on the compute or
+// (inside CopyStreamAllocationGuard) the copy stream.
+void* route_allocation(int device, size_t nbytes) {
+  DeviceState& s = device_state(device);
+  if (t_capture_pool != nullptr && t_capture_device == device)
+    return t_capture_pool->allocate_on(nbytes, reinterpret_cast<memory::StreamId>(s.compute));
+  const cudaStream_t stream = t_copy_device == device ? s.copy : s.compute;
+  return s.allocator->allocate_on(nbytes, reinterpret_cast<memory::StreamId>(stream));
+}
+
+void route_free(int device, void* ptr) noexcept {
+  auto& v = slots();
+  if (device < 0 || static_cast<size_t>(device) >= v.size()) return;
+  PoolRegistry& reg = pool_registry();
+  if (reg.any.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    for (auto& [d, pool] : reg.pools)
+      if (d == device && pool->owns(ptr)) {
+        pool->free(ptr);
+        return;
+      }
+  }
+  DeviceState& s = v[static_cast<size_t>(device)].state;
+  if (s.allocator != nullptr) s.allocator->free(ptr);
+}
+
 // The Allocator for DeviceType::CUDA: routes each request to the device's caching allocator, on the
 // device's compute stream (the stream every kernel of the backend runs on, so a freed block can be
-// reused at once by later work: stream order keeps it safe).
+// reused at once by later work: stream order keeps it safe), with the per-thread exceptions above.
 class CudaAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes, Device device) override {
-    DeviceState& s = device_state(device);
-    return s.allocator->allocate_on(nbytes, reinterpret_cast<memory::StreamId>(s.compute));
-  }
-  void deallocate(void* ptr, size_t, Device device) noexcept override {
-    auto& v = slots();
-    if (device.index < 0 || static_cast<size_t>(device.index) >= v.size()) return;
-    DeviceState& s = v[static_cast<size_t>(device.index)].state;
-    if (s.allocator != nullptr) s.allocator->free(ptr);
-  }
+  void* allocate(size_t nbytes, Device device) override { return route_allocation(device.index, nbytes); }
+  void deallocate(void* ptr, size_t, Device device) noexcept override { route_free(device.index, ptr); }
   const char* name() const override { return "cuda-caching"; }
 };
 
 }  // namespace
+
+CaptureAllocationGuard::CaptureAllocationGuard(int device, memory::CachingAllocator* pool)
+    : prev_device_(t_capture_device), prev_pool_(t_capture_pool) {
+  t_capture_device = device;
+  t_capture_pool = pool;
+}
+CaptureAllocationGuard::~CaptureAllocationGuard() {
+  t_capture_device = prev_device_;
+  t_capture_pool = prev_pool_;
+}
+
+CopyStreamAllocationGuard::CopyStreamAllocationGuard(int device) : prev_device_(t_copy_device) {
+  t_copy_device = device;
+}
+CopyStreamAllocationGuard::~CopyStreamAllocationGuard() { t_copy_device = prev_device_; }
+
+void register_pool(int device, memory::CachingAllocator* pool) {
+  PoolRegistry& reg = pool_registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  reg.pools.emplace_back(device, pool);
+  reg.any.store(true, std::memory_order_release);
+}
+
+void count_host_sync() noexcept { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
 
 DeviceState& device_state(int device) {
   auto& v = slots();
@@ -196,16 +285,9 @@ Allocator* cuda_allocator() {
   return &a;
 }
 
-void* alloc_scratch(int device, size_t bytes) {
-  DeviceState& s = device_state(device);
-  return s.allocator->allocate_on(bytes, reinterpret_cast<memory::StreamId>(s.compute));
-}
+void* alloc_scratch(int device, size_t bytes) { return route_allocation(device, bytes); }
 
-void free_scratch(int device, void* ptr) noexcept {
-  auto& v = slots();
-  if (device >= 0 && static_cast<size_t>(device) < v.size() && v[static_cast<size_t>(device)].state.allocator)
-    v[static_cast<size_t>(device)].state.allocator->free(ptr);
-}
+void free_scratch(int device, void* ptr) noexcept { route_free(device, ptr); }
 
 // ---- device guard -----------------------------------------------------------------------------------
 
@@ -233,8 +315,11 @@ void check_device_errors(int device) {
   if (word & kErrTargetOutOfRange)
     what = "cross_entropy: a target class index was outside [0, C) and not equal to ignore_index (the loss of "
            "that row is NaN)";
-  else
-    what = fmt::format("unknown device error code {}", word);
+  if (word & kErrIndexOutOfRange)
+    what += std::string(what.empty() ? "" : "; ") +
+            "embedding: an index was outside [0, num_embeddings) (its output row is zero and it contributed no "
+            "gradient)";
+  if (what.empty()) what = fmt::format("unknown device error code {}", word);
   AF_THROW(InvalidArgument, "CUDA device {}: a kernel reported invalid input since the last synchronisation: {}",
            device, what);
 }
@@ -244,6 +329,7 @@ void synchronize(int device) {
   for (int d = device < 0 ? 0 : device; d < (device < 0 ? n : device + 1); ++d) {
     DeviceState& s = device_state(d);
     DeviceGuard guard(d);
+    count_host_sync();
     AF_CUDA_CHECK(cudaStreamSynchronize(s.compute));
     AF_CUDA_CHECK(cudaStreamSynchronize(s.copy));
     check_device_errors(d);

@@ -1,0 +1,186 @@
+// Training on CUDA: a step with GradScaler makes no host synchronisation, a captured CUDA graph of the
+// step replays the same losses with one launch, the DataLoader's copy-stream uploads deliver the CPU's
+// batches, and `train --device cuda [--cuda-graphs]` learns like the CPU. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ampforge/ampforge.h"
+#include "ampforge/backends/cuda/gpu_testutil.h"
+#include "ampforge/data/data_loader.h"
+#include "ampforge/models/models.h"
+#include "ampforge/train/step.h"
+#include "ampforge/train/trainer.h"
+
+using namespace ampforge;
+using namespace ampforge::testutil;
+
+namespace {
+
+struct StepSetup {
+  nn::ModulePtr model;
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<amp::GradScaler> scaler;
+  train::StepOptions so;
+};
+
+StepSetup make_setup(Device dev, DType precision) {
+  manual_seed(3);
+  StepSetup s;
+  s.model = models::small_cnn({});
+  s.model->to(dev);
+  s.model->train();
+  train::TrainConfig cfg;
+  s.opt = train::make_optimizer(cfg, s.model->parameters());
+  s.scaler = std::make_unique<amp::GradScaler>(train::grad_scaler_options(precision));
+  s.so.precision = precision;
+  s.so.read_loss = false;
+  return s;
+}
+
+std::pair<Tensor, Tensor> batch(int step, Device dev) {
+  Generator gen(100 + static_cast<uint64_t>(step));
+  Tensor x = ops::randn({32, 1, 28, 28}, DType::F32, kCPU, &gen);
+  std::vector<int64_t> labels;
+  for (int i = 0; i < 32; ++i) labels.push_back((step + 7 * i) % 10);
+  return {ops::to_device(x, dev), ops::to_device(Tensor::from_vector<int64_t>(labels), dev)};
+}
+
+}  // namespace
+
+TEST(CudaTrainStep, GradScalerStepMakesNoHostSynchronisation) {
+  AF_SKIP_WITHOUT_CUDA();
+  StepSetup s = make_setup(kCuda0, DType::F16);
+  ASSERT_TRUE(s.opt->device_hyperparams()) << "CUDA parameters: the optimizer keeps its step count on the device";
+  std::vector<std::pair<Tensor, Tensor>> data;
+  for (int i = 0; i < 6; ++i) data.push_back(batch(i, kCuda0));
+  cuda::synchronize();
+  train::train_step(*s.model, *s.opt, *s.scaler, data[0].first, data[0].second, s.so);  // warm-up (lazy state)
+  cuda::synchronize();
+  const uint64_t before = cuda::host_sync_count();
+  std::vector<Tensor> losses;
+  for (int i = 1; i < 6; ++i)
+    losses.push_back(train::train_step(*s.model, *s.opt, *s.scaler, data[i].first, data[i].second, s.so).loss_tensor);
+  EXPECT_EQ(cuda::host_sync_count(), before) << "five F16 steps with GradScaler waited on the host";
+  cuda::synchronize();
+  for (const Tensor& l : losses) EXPECT_TRUE(std::isfinite(l.item()));
+}
+
+TEST(CudaGraph, CapturedStepReplaysTheEagerLosses) {
+  AF_SKIP_WITHOUT_CUDA();
+  for (DType precision : {DType::F32, DType::F16}) {
+    std::vector<std::pair<Tensor, Tensor>> data;
+    for (int i = 0; i < 8; ++i) data.push_back(batch(i, kCuda0));
+    // Eager reference.
+    std::vector<double> eager;
+    {
+      StepSetup s = make_setup(kCuda0, precision);
+      for (auto& [x, y] : data) eager.push_back(train::train_step(*s.model, *s.opt, *s.scaler, x, y, s.so).loss_tensor.item());
+    }
+    // Three eager warm-up steps, then capture once and replay for the rest.
+    std::vector<double> graphed;
+    StepSetup s = make_setup(kCuda0, precision);
+    for (int i = 0; i < 3; ++i)
+      graphed.push_back(train::train_step(*s.model, *s.opt, *s.scaler, data[i].first, data[i].second, s.so).loss_tensor.item());
+    Tensor sx = Tensor::empty(data[0].first.shape(), DType::F32, kCuda0), sy = Tensor::empty(data[0].second.shape(), DType::I64, kCuda0);
+    ops::copy_(sx, data[3].first);
+    ops::copy_(sy, data[3].second);
+    cuda::Graph g(0);
+    g.capture_begin();
+    Tensor loss = train::train_step(*s.model, *s.opt, *s.scaler, sx, sy, s.so).loss_tensor;
+    g.capture_end();
+    EXPECT_GT(g.num_kernel_nodes(), 20) << "a CNN training step is many kernels";
+    EXPECT_GE(g.num_nodes(), g.num_kernel_nodes());
+    g.replay();
+    graphed.push_back(loss.item());
+    for (int i = 4; i < 8; ++i) {
+      ops::copy_(sx, data[i].first);
+      ops::copy_(sy, data[i].second);
+      g.replay();
+      graphed.push_back(loss.item());
+    }
+    ASSERT_EQ(graphed.size(), eager.size());
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_NEAR(graphed[i], eager[i], 1e-6 * std::max(1.0, std::abs(eager[i])))
+          << dtype_name(precision) << " step " << i << ": the graph replays the same kernels on the same data";
+  }
+}
+
+TEST(CudaGraph, HostWorkInsideACaptureIsAClearError) {
+  AF_SKIP_WITHOUT_CUDA();
+  Tensor t = ops::ones({4}, DType::F32, kCuda0);
+  cuda::Graph g(0);
+  g.capture_begin();
+  EXPECT_TRUE(cuda::is_capturing());
+  EXPECT_THROW((void)ops::to_device(t, kCPU), Error);
+  EXPECT_THROW((void)ops::rand({4}, DType::F32, kCuda0), Error);
+  ops::mul_scalar_(t, 2.0);
+  g.capture_end();
+  EXPECT_FALSE(cuda::is_capturing());
+  g.replay();
+  g.replay();
+  EXPECT_EQ(ops::to_device(t, kCPU).tolist<float>(), std::vector<float>(4, 4.0f));
+}
+
+TEST(CudaUploads, DeviceBatchesEqualTheCpuBatches) {
+  AF_SKIP_WITHOUT_CUDA();
+  auto ds = std::make_shared<data::SyntheticDataset>(300, Shape{1, 28, 28}, 10, 9);
+  for (MemoryFormat f : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    for (int workers : {0, 2}) {
+      data::LoaderOptions o;
+      o.batch_size = 64;
+      o.workers = workers;
+      o.format = f;
+      data::DataLoader cpu(ds, o);
+      o.device = kCuda0;
+      data::DataLoader gpu(ds, o);
+      cpu.start_epoch(1);
+      gpu.start_epoch(1);
+      int n = 0;
+      while (auto c = cpu.next()) {
+        auto g = gpu.next();
+        ASSERT_TRUE(g.has_value());
+        ASSERT_TRUE(g->x.device().is_cuda());
+        EXPECT_EQ(g->x.is_contiguous(f), true);
+        EXPECT_EQ(to_cpu(g->x).tolist<float>(), ops::contiguous(c->x).tolist<float>());
+        EXPECT_EQ(to_cpu(g->y).tolist<int64_t>(), c->y.tolist<int64_t>());
+        ++n;
+      }
+      EXPECT_FALSE(gpu.next().has_value());
+      EXPECT_EQ(n, 5);
+      // A new epoch with batches still in flight from the previous start: no leak, no crash.
+      gpu.start_epoch(2);
+      gpu.start_epoch(3);
+      EXPECT_TRUE(gpu.next().has_value());
+    }
+  }
+}
+
+TEST(CudaTrainer, LearnsLikeTheCpuWithAndWithoutGraphs) {
+  AF_SKIP_WITHOUT_CUDA();
+  train::TrainConfig c;
+  c.dataset = "synthetic";
+  c.synthetic_size = 1024;
+  c.batch_size = 64;
+  c.epochs = 2;
+  c.progress = false;
+  c.verbose = false;
+  c.seed = 7;
+  c.precision = DType::F16;
+  const train::TrainResult cpu = train::train(c);
+  c.device = "cuda";
+  c.loss_read_interval = 7;
+  const train::TrainResult gpu = train::train(c);
+  c.cuda_graphs = true;
+  const train::TrainResult graphs = train::train(c);
+  EXPECT_NEAR(gpu.test_accuracy, cpu.test_accuracy, 0.05);
+  EXPECT_NEAR(graphs.test_accuracy, gpu.test_accuracy, 0.02);
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  ASSERT_EQ(graphs.losses.size(), gpu.losses.size());
+  for (size_t i = 0; i < gpu.losses.size(); ++i)
+    EXPECT_NEAR(graphs.losses[i], gpu.losses[i], 1e-5 * std::max(1.0, std::abs(gpu.losses[i]))) << "step " << i;
+  EXPECT_GT(graphs.graph_steps, 0);
+  EXPECT_GT(graphs.graph_nodes, graphs.graph_launches_per_step) << "graphs must reduce launches per step";
+  // Loss reads every 7 steps, one per epoch end, the evaluation reads: far fewer than one per step.
+  EXPECT_LT(gpu.host_syncs, static_cast<int64_t>(gpu.steps) / 2);
+}
