@@ -45,9 +45,14 @@ void GradScaler::unscale_(optim::Optimizer& o) {
                                         "last update()");
   AF_CHECK(st.stage != Stage::Stepped, "GradScaler::unscale_() is being called after step()");
   autograd::NoGradGuard ng;
-  // inv_scale in double then rounded, as PyTorch computes scale.double().reciprocal().float().
-  Tensor inv = ops::to_dtype(ops::div(ops::ones({}, DType::F64, scale_.device()), ops::to_dtype(scale_, DType::F64)),
-                             DType::F32);
+  // inv_scale in double then rounded, as PyTorch computes scale.double().reciprocal().float(). The CUDA
+  // backend has no F64 arithmetic: there the reciprocal is one correctly rounded F32 division, which is the
+  // same value whenever the scale is a power of two (always, from the default init_scale, growth and
+  // backoff factors).
+  Tensor inv = scale_.device().is_cpu()
+                   ? ops::to_dtype(ops::div(ops::ones({}, DType::F64, scale_.device()), ops::to_dtype(scale_, DType::F64)),
+                                   DType::F32)
+                   : ops::div(ops::ones({}, DType::F32, scale_.device()), scale_);
   st.found_inf = ops::zeros({}, DType::F32, scale_.device());
   for (const Tensor& g : o.grad_buffers()) ops::amp_unscale_(g, inv, st.found_inf);
   st.stage = Stage::Unscaled;
