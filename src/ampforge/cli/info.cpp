@@ -25,6 +25,13 @@ Command add_info_command(CLI::App& app) {
               std::printf("CUDA devices: %d\n", devices);
             else
               std::printf("CUDA: not available (%s)\n", cuda::unavailable_reason().c_str());
+            if (cuda::is_built()) {
+              if (const int64_t v = cuda::cudnn_version(); v > 0)  // cuDNN >= 9 encodes major*10000+minor*100+patch
+                std::printf("cuDNN: %lld.%lld.%lld (CUDA conv2d)\n", static_cast<long long>(v / 10000),
+                            static_cast<long long>(v % 10000 / 100), static_cast<long long>(v % 100));
+              else
+                std::printf("cuDNN: not in this build (conv2d has no CUDA kernel)\n");
+            }
             return 0;
           }};
 }

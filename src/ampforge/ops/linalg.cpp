@@ -66,7 +66,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
              dtype_name(x.dtype()));
   }
   const int64_t K = w.size(1), N = w.size(0);
-  const int64_t M = x.numel() / std::max<int64_t>(K, 1);
+  // Rows: the product of x's leading dims (x.numel() / K would be 0 for K == 0 whatever the rows).
+  int64_t M = 1;
+  for (int i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
   Tensor x2 = x.dim() == 2 ? x : reshape(x, Shape{M, K});
   Tensor out = Tensor::empty(Shape{M, N}, x.dtype(), x.device());
   if (bias.defined())

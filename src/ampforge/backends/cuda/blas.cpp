@@ -13,8 +13,14 @@
 // column-major transpose (op N on the swapped product); one with unit row stride is column-major itself
 // (op T). An operand with neither unit stride is first copied to a contiguous scratch tensor.
 // Strided batches map to CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET (0 for a broadcast operand).
-// Bias: the output is first filled with the broadcast bias and the GEMM accumulates into it (beta = 1),
-// so the result is rounded once, as on the CPU.
+// Bias (linear): added by cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS) when the bias is packed (unit stride)
+// and M, N > 1: the bias is the column-major result's row vector (length N), read with the output's dtype
+// (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE; F16/BF16 biases stay 16-bit) and added to the F32 accumulator before
+// the output is rounded: one rounding, as on the CPU, and no extra pass over the output. Otherwise (a strided
+// bias, K = 0, one-row or one-column products, or no epilogue algorithm for the problem: the heuristic
+// finds none or the launch is refused) the fallback: the output is first filled with the broadcast bias and
+// the GEMM accumulates into it (beta = 1), also rounded once. One-row/one-column products stay on the
+// fallback (PyTorch restricts its use of this epilogue the same way); for them the fill is cheap anyway.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -39,7 +45,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendati
 // Per-device cuBLASLt state: a handle, a workspace that lives as long as the process, and the algorithms
 // picked by the heuristic for each problem seen (the heuristic costs tens of microseconds).
 struct LtKey {
-  std::array<int64_t, 16> v{};
+  std::array<int64_t, 18> v{};
   bool operator==(const LtKey& o) const { return v == o.v; }
 };
 struct LtKeyHash {
@@ -128,15 +134,18 @@ uint32_t alignment_of(const void* ptr, int64_t ld, int64_t batch_stride, int64_t
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-// out (batch x M x N, contiguous) = alpha * op(A) @ op(B) + beta * out, where A_rm (M x K) and B_rm (K x N)
-// are logical row-major operands given by pointer, strides and batch stride.
+// out (batch x M x N, contiguous) = alpha * op(A) @ op(B) + beta * out [+ bias], where A_rm (M x K) and
+// B_rm (K x N) are logical row-major operands given by pointer, strides and batch stride, and `bias` (nullptr:
+// none) is a packed vector of N elements of dtype dt added by the epilogue to every row of out.
+// Returns false, having written nothing, only when a bias was given and cuBLASLt has no algorithm for the
+// epilogue (the caller falls back); every other failure throws.
 struct Operand {
   const void* ptr;
   int64_t rs, cs, bs;
 };
 
-void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
-          void* out, float beta) {
+bool gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
+          void* out, float beta, const void* bias = nullptr) {
   const int device = dev.index;
   DeviceGuard guard(dev);
   const DeviceState& ds = device_state(dev);
@@ -158,6 +167,15 @@ void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
   const cublasOperation_t ta = mb.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ma.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (bias != nullptr) {
+    // The bias runs along the column-major result's rows (its length is the first GEMM dimension, N).
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = static_cast<int32_t>(ct);
+    AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    AF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    AF_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
 
   auto make_layout = [&](Layout& l, uint64_t rows, uint64_t cols, int64_t ld, int64_t bstride) {
     AF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l.l, ct, rows, cols, ld));
@@ -178,8 +196,10 @@ void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
   const uint32_t align_c = alignment_of(out, N, M * N, batch, es);
 
   LtKey key;
+  // The heuristic reads the bias pointer's alignment (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER): in the key.
+  const int64_t align_bias = bias != nullptr ? alignment_of(bias, 0, 0, 1, es) : 0;
   key.v = {static_cast<int64_t>(dt), tf32, ta, tb, M, N, K, batch, mb.ld, ma.ld, mb.batch_stride != 0,
-           ma.batch_stride != 0, align_a, align_b, align_c, beta != 0.0f};
+           ma.batch_stride != 0, align_a, align_b, align_c, beta != 0.0f, bias != nullptr, align_bias};
   cublasLtMatmulAlgo_t algo;
   bool have = false;
   {
@@ -205,7 +225,11 @@ void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
         cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    AF_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt.handle, op.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found));
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(lt.handle, op.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
+    if (bias != nullptr && (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0)))
+      return false;  // no epilogue algorithm: the caller adds the bias itself
+    AF_CUBLAS_CHECK(hs);
     if (found == 0)
       AF_THROW(NotImplemented,
                "matmul on CUDA: cuBLASLt has no algorithm for {} ({} x {} x {}, batch {}, ld {} / {}, alignment {} / {} / "
@@ -216,8 +240,12 @@ void gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
     lt.algos.emplace(key, algo);
   }
   const float alpha = 1.0f;
-  AF_CUBLAS_CHECK(cublasLtMatmul(lt.handle, op.d, &alpha, mb.ptr, la.l, ma.ptr, lb.l, &beta, out, lc.l, out, lc.l, &algo,
-                                 lt.workspace, kWorkspaceBytes, ds.compute));
+  const cublasStatus_t st = cublasLtMatmul(lt.handle, op.d, &alpha, mb.ptr, la.l, ma.ptr, lb.l, &beta, out, lc.l, out,
+                                           lc.l, &algo, lt.workspace, kWorkspaceBytes, ds.compute);
+  // A refusal is reported before anything runs: with a bias the caller can still take the fallback.
+  if (bias != nullptr && st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  AF_CUBLAS_CHECK(st);
+  return true;
 }
 
 // A usable operand for a logical row-major (R x C) matrix view of t (batch dim 0 when 3-D): t itself when
@@ -244,27 +272,33 @@ void matmul_cuda(const KernelArgs& a) {
   gemm(out.device(), out.dtype(), batch, M, N, K, oa, ob, out.data_ptr(), 0.0f);
 }
 
+// Whether linear's bias can go through the cuBLASLt epilogue (header comment): packed, the output's dtype,
+// and a product that is neither one row nor one column.
+bool bias_epilogue_applies(const Tensor& bias, const Tensor& out, int64_t M, int64_t N, int64_t K) {
+  return K > 0 && M > 1 && N > 1 && bias.stride(0) == 1 && bias.dtype() == out.dtype() && bias.size(0) == N;
+}
+
 void linear_cuda(const KernelArgs& a) {
   const Tensor &x = a.in(0), &W = a.in(1), &out = a.out(0);
   const Tensor* bias = a.inputs.size() > 2 && a.in(2).defined() ? &a.in(2) : nullptr;
   const int64_t M = x.size(0), K = x.size(1), N = W.size(0);
   if (out.numel() == 0) return;
-  if (bias != nullptr)
-    copy_on_device(out, *bias);  // broadcast over rows; the GEMM adds into it
   if (K == 0) {
-    if (bias == nullptr) fill_on_device(out, 0.0);
+    if (bias != nullptr)
+      copy_on_device(out, *bias);  // broadcast over rows
+    else
+      fill_on_device(out, 0.0);
     return;
   }
   Tensor kx, kw;
   const Operand ox = operand_of(x, M, K, x.stride(0), x.stride(1), 0, kx);
   // W^T as a logical (K x N) row-major matrix: strides swapped.
-  const Operand ow = operand_of(W, K, N, W.stride(1), W.stride(0), 0, kw);
-  if (kw.defined()) {
-    // the contiguous copy holds W (N x K) row-major: W^T has strides (1, K)
-    const Operand owc{kw.data_ptr(), 1, K, 0};
-    gemm(out.device(), out.dtype(), 1, M, N, K, ox, owc, out.data_ptr(), bias ? 1.0f : 0.0f);
+  Operand ow = operand_of(W, K, N, W.stride(1), W.stride(0), 0, kw);
+  if (kw.defined()) ow = Operand{kw.data_ptr(), 1, K, 0};  // the copy holds W (N x K) row-major: W^T is (1, K)
+  if (bias != nullptr && bias_epilogue_applies(*bias, out, M, N, K) &&
+      gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), 0.0f, bias->data_ptr()))
     return;
-  }
+  if (bias != nullptr) copy_on_device(out, *bias);  // broadcast over rows; the GEMM adds into it (beta = 1)
   gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), bias ? 1.0f : 0.0f);
 }
 

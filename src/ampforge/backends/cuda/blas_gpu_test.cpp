@@ -1,5 +1,6 @@
 // CUDA matmul and linear (cuBLASLt) against the CPU kernels (OpenBLAS): F32 with TF32 off (the default)
-// and on, F16/BF16 with F32 accumulation; transposed, sliced and broadcast-batch operands; odd sizes; bias.
+// and on, F16/BF16 with F32 accumulation; transposed, sliced and broadcast-batch operands; odd sizes; bias
+// through the cuBLASLt epilogue and through the fallback (strided bias, one-row/one-column products).
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -86,4 +87,37 @@ TEST(CudaBlas, Linear) {
         expect_matches_cpu(ops::linear(to_cuda(x3), transposed_layout(to_cuda(w)), bias ? to_cuda(bv) : Tensor()),
                            ops::linear(x3, transposed_layout(w), bv), "linear 3-D, W^T layout " + what);
       }
+}
+
+// linear's bias on both paths of blas.cpp: the cuBLASLt epilogue (packed bias, also at an odd element offset,
+// i.e. a pointer aligned to one element only, and with a weight that is first copied) and the fill + beta = 1
+// fallback (strided bias, one-row and one-column products), in every dtype.
+TEST(CudaBlas, LinearBiasEpilogueAndFallback) {
+  AF_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const std::string dn(dtype_name(dt));
+    struct Size {
+      int64_t M, K, N;
+    };
+    for (const Size sz : {Size{64, 96, 128}, Size{33, 17, 65}, Size{2, 8, 2}, Size{1, 40, 24}, Size{24, 40, 1}}) {
+      const auto [M, K, N] = sz;
+      const std::string what = dn + " " + std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N);
+      Tensor x = random_cpu(Shape{M, K}, dt, 520), w = random_cpu(Shape{N, K}, dt, 521);
+      // packed bias
+      Tensor b = random_cpu(Shape{N}, dt, 522);
+      expect_matches_cpu(ops::linear(to_cuda(x), to_cuda(w), to_cuda(b)), ops::linear(x, w, b), "packed bias " + what);
+      // packed bias starting one element into its buffer (the epilogue's pointer alignment is one element)
+      Tensor bwide = random_cpu(Shape{N + 1}, dt, 523);
+      expect_matches_cpu(ops::linear(to_cuda(x), to_cuda(w), ops::narrow(to_cuda(bwide), 0, 1, N)),
+                         ops::linear(x, w, ops::narrow(bwide, 0, 1, N)), "offset bias " + what);
+      // strided bias: every other element (fallback)
+      Tensor b2 = random_cpu(Shape{2 * N}, dt, 524);
+      expect_matches_cpu(ops::linear(to_cuda(x), to_cuda(w), ops::slice(to_cuda(b2), 0, 0, 2 * N, 2)),
+                         ops::linear(x, w, ops::slice(b2, 0, 0, 2 * N, 2)), "strided bias " + what);
+      // a weight without a unit stride (copied before the GEMM) with a packed bias
+      Tensor wwide = random_cpu(Shape{N, 2 * K}, dt, 525);
+      expect_matches_cpu(ops::linear(to_cuda(x), ops::slice(to_cuda(wwide), 1, 0, 2 * K, 2), to_cuda(b)),
+                         ops::linear(x, ops::slice(wwide, 1, 0, 2 * K, 2), b), "copied weight, packed bias " + what);
+    }
+  }
 }

@@ -15,7 +15,11 @@ void register_reduce_cuda();       // reduce.cu: sum, mean, amax, amin, argmax, 
 void register_softmax_cuda();      // softmax.cu: softmax, log_softmax, cross_entropy, bce_with_logits (+ backward)
 void register_optim_cuda();        // optim.cu: adamw_step, sgd_step, amp_unscale, amp_update_scale
 void register_blas_cuda();         // blas.cpp: matmul, linear (cuBLASLt)
+void register_conv_cuda();         // conv.cpp: conv2d and its backward ops (cuDNN; nothing without it)
 void register_copy_cuda();         // copy.cpp: the copy op, within a device and across devices
+void register_pool_cuda();         // pool.cu: max/avg/adaptive-avg pooling, nearest upsampling (+ backward)
+void register_norm_cuda();         // norm.cu: batch_norm, layer_norm (+ backward)
+void register_embedding_cuda();    // embedding.cu: embedding, embedding_backward
 
 // dst <- src on one CUDA device (both tensors there): broadcasting, any strides, any dtype conversion.
 void copy_on_device(const Tensor& dst, const Tensor& src);

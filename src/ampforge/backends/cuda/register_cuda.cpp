@@ -23,6 +23,10 @@ bool register_cuda_backend() {
   cuda::register_softmax_cuda();
   cuda::register_optim_cuda();
   cuda::register_blas_cuda();
+  cuda::register_conv_cuda();
+  cuda::register_pool_cuda();
+  cuda::register_norm_cuda();
+  cuda::register_embedding_cuda();
   return true;
 }
 
