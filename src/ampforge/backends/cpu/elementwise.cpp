@@ -243,10 +243,8 @@ void sigmoid_n(A* o, const A* x, A* t, int64_t n) {  // 1 / (1 + exp(-x))
   for (int64_t i = 0; i < n; ++i) o[i] = A(1) / (A(1) + t[i]);
 }
 template <class A>
-void gelu_erf_n(A* o, const A* x, A* t, int64_t n) {  // x * Phi(x)
-  for (int64_t i = 0; i < n; ++i) t[i] = x[i] * A(kSqrtHalf);
-  vmath::erf(t, t, n);
-  for (int64_t i = 0; i < n; ++i) o[i] = A(0.5) * x[i] * (A(1) + t[i]);
+void gelu_erf_n(A* o, const A* x, A*, int64_t n) {  // x * Phi(x)
+  vmath::gelu_erf(x, o, n);
 }
 template <class A>
 void gelu_tanh_n(A* o, const A* x, A* t, int64_t n) {

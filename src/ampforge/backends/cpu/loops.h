@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "ampforge/core/convert.h"
 #include "ampforge/core/tensor.h"
@@ -22,6 +25,28 @@ inline constexpr int kMaxOperands = 4;
 inline constexpr int64_t kElementwiseGrain = 32768;
 // Elements converted at a time between 16-bit storage and float compute (fits in L1 with a few operands).
 inline constexpr int64_t kChunk = 256;
+// F32 outputs of at least this size are written with non-temporal (streaming) stores: they cannot stay in
+// the caches anyway (half the 32 MiB L3 of the machines we run on, shared with the inputs), so a normal
+// store would first read each output line from memory (read-for-ownership) and evict input lines that the
+// next call needs. Smaller outputs keep normal stores: the next op of a training step reads them from cache.
+inline constexpr int64_t kStreamingStoreBytes = int64_t{16} << 20;
+
+// Writes n floats from an L1 buffer to `dst` (32-byte aligned) with streaming stores. The caller issues
+// one store fence after the last call (stream_fence).
+inline void stream_store_f32(float* dst, const float* src, int64_t n) {
+#if defined(__AVX__)
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+#else
+  std::copy(src, src + n, dst);
+#endif
+}
+inline void stream_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
+}
 
 struct ElementwiseIter {
   int ndim = 0;
@@ -105,6 +130,7 @@ template <class TIn, class TOut, class A, int N, class VF>
 void map_kernel(const Tensor& out, std::initializer_list<const Tensor*> inputs, VF&& vf,
                 int64_t grain = kElementwiseGrain) {
   ElementwiseIter it = make_elementwise_iter(out, inputs);
+  const bool streaming = std::is_same_v<TOut, float> && std::is_same_v<A, float> && out.nbytes() >= kStreamingStoreBytes;
   for_each_run(
       it,
       [&](char** ptrs, const int64_t* bs, int64_t n) {
@@ -117,7 +143,27 @@ void map_kernel(const Tensor& out, std::initializer_list<const Tensor*> inputs, 
         if (direct) {
           const A* in[N > 0 ? N : 1];
           for (int k = 0; k < N; ++k) in[k] = reinterpret_cast<const A*>(ptrs[k + 1]);
-          vf(reinterpret_cast<A*>(ptrs[0]), in, n);
+          A* o = reinterpret_cast<A*>(ptrs[0]);
+          if constexpr (std::is_same_v<A, float>) {
+            if (streaming) {
+              // Up to the first 32-byte boundary with normal stores, then chunks computed into L1 and
+              // streamed out (the op's loop stays the same vectorised loop).
+              const auto mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(o) / sizeof(float)) % 8);
+              const int64_t head = std::min<int64_t>(n, mis == 0 ? 0 : 8 - mis);
+              if (head > 0) vf(o, in, head);
+              alignas(64) A obuf[kChunk];
+              const A* cin[N > 0 ? N : 1];
+              for (int64_t c = head; c < n; c += kChunk) {
+                const int64_t m = std::min(kChunk, n - c);
+                for (int k = 0; k < N; ++k) cin[k] = in[k] + c;
+                vf(obuf, cin, m);
+                stream_store_f32(o + c, obuf, m);
+              }
+              stream_fence();
+              return;
+            }
+          }
+          vf(o, in, n);
           return;
         }
         alignas(64) A obuf[kChunk];
