@@ -183,33 +183,20 @@ CudnnState& cudnn_state(int device) {
 // ---- descriptors --------------------------------------------------------------------------------------
 
 // Owners (destroyed at scope exit; destruction cannot fail for a valid descriptor and must not throw).
-struct TensorDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc() { AF_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
-  ~TensorDesc() {
-    if (d) cudnnDestroyTensorDescriptor(d);
+template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+struct DescOwner {
+  T d = nullptr;
+  DescOwner() { AF_CUDNN_CHECK(Create(&d)); }
+  ~DescOwner() {
+    if (d) Destroy(d);
   }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
+  DescOwner(const DescOwner&) = delete;
+  DescOwner& operator=(const DescOwner&) = delete;
 };
-struct FilterDesc {
-  cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc() { AF_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
-  ~FilterDesc() {
-    if (d) cudnnDestroyFilterDescriptor(d);
-  }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc() { AF_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
-  ~ConvDesc() {
-    if (d) cudnnDestroyConvolutionDescriptor(d);
-  }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-};
+using TensorDesc = DescOwner<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc = DescOwner<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc =
+    DescOwner<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
 
 cudnnDataType_t data_type(DType d) {
   switch (d) {
