@@ -38,6 +38,9 @@ std::map<std::string, Probe> probes() {
     return cross_entropy(f32({4, 3}).to(d), Tensor::from_vector<int64_t>({0, 1, 2, 1}));
   }};
   p["bce_with_logits"] = {[=](DType d) { return binary_cross_entropy_with_logits(f32({4}).to(d), rand({4}).to(d)); }};
+  p["attention"] = {[=](DType) {
+    return scaled_dot_product_attention(f32({1, 2, 3, 4}), f32({1, 2, 5, 4}), f32({1, 2, 5, 3}));
+  }};
   p["layer_norm"] = {[=](DType d) { return layer_norm(f32({4, 3}).to(d), Shape{3}); }};
   // Promote: one 16-bit and one F32 operand give F32; two 16-bit operands stay 16-bit.
   for (const char* name : {"add", "sub", "mul", "div", "maximum", "minimum"}) {

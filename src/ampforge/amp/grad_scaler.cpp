@@ -23,7 +23,7 @@ GradScaler::GradScaler(GradScalerOptions opt) : opt_(opt) {
 void GradScaler::lazy_init(Device device) {
   if (scale_.defined()) return;
   scale_ = ops::full({}, opt_.init_scale, DType::F32, device);
-  growth_tracker_ = ops::zeros({}, DType::I32, device);
+  growth_tracker_ = ops::full({}, static_cast<double>(init_growth_tracker_), DType::I32, device);
   skipped_dev_ = ops::zeros({}, DType::F32, device);
 }
 
@@ -115,7 +115,7 @@ int64_t GradScaler::skipped_steps() const {
 }
 
 int64_t GradScaler::growth_tracker() const {
-  return growth_tracker_.defined() ? static_cast<int64_t>(growth_tracker_.item()) : 0;
+  return growth_tracker_.defined() ? static_cast<int64_t>(growth_tracker_.item()) : init_growth_tracker_;
 }
 
 std::map<std::string, double> GradScaler::state_dict() const {
@@ -139,10 +139,15 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   opt_.growth_factor = state.at("growth_factor");
   opt_.backoff_factor = state.at("backoff_factor");
   opt_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));
-  const Device dev = scale_.defined() ? scale_.device() : kCPU;
-  scale_ = ops::full({}, state.at("scale"), DType::F32, dev);
-  growth_tracker_ = ops::full({}, state.at("_growth_tracker"), DType::I32, dev);
-  if (!skipped_dev_.defined()) skipped_dev_ = ops::zeros({}, DType::F32, dev);
+  if (!scale_.defined()) {
+    // Not on a device yet (as PyTorch's scaler before its lazy init): the values wait for the first scale(),
+    // which creates the state on the loss's device (a resumed CUDA run must not get CPU state).
+    opt_.init_scale = state.at("scale");
+    init_growth_tracker_ = static_cast<int64_t>(state.at("_growth_tracker"));
+    return;
+  }
+  ops::fill_(scale_, state.at("scale"));
+  ops::fill_(growth_tracker_, state.at("_growth_tracker"));
 }
 
 }  // namespace ampforge::amp

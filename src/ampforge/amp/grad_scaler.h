@@ -77,6 +77,7 @@ class GradScaler {
   Tensor growth_tracker_;  // I32, one element
   std::map<uint64_t, PerOptimizer> per_opt_;
   int64_t skipped_ = 0;
+  int64_t init_growth_tracker_ = 0;  // from load_state_dict before the state exists
   Tensor skipped_dev_;  // F32, one element: skips decided on the device
 };
 

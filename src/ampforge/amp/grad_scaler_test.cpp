@@ -140,6 +140,23 @@ TEST(GradScaler, StateDictRoundTripAndValidation) {
   EXPECT_THROW(b.load_state_dict({}), Error);
 }
 
+TEST(GradScaler, LoadedStateWaitsForTheLossDevice) {
+  // Loaded before any scale(): nothing is created yet (a resumed CUDA run must get its state on the GPU,
+  // where the first scaled loss lives); the values are reported and used as soon as the state exists.
+  amp::GradScaler b;
+  b.load_state_dict({{"scale", 256.0}, {"growth_factor", 2.0}, {"backoff_factor", 0.5}, {"growth_interval", 2000.0},
+                     {"_growth_tracker", 3.0}, {"version", 1.0}});
+  EXPECT_EQ(b.get_scale(), 256.0);
+  EXPECT_EQ(b.growth_tracker(), 3);
+  Tensor w = ones({2}).requires_grad_();
+  optim::AdamW opt({w}, {});
+  b.scale(sum(w)).backward();
+  b.step(opt);
+  b.update();
+  EXPECT_EQ(b.get_scale(), 256.0);
+  EXPECT_EQ(b.growth_tracker(), 4);
+}
+
 TEST(GradScaler, NanGradientsAreSkippedToo) {
   Tensor w = ones({2}).requires_grad_();
   optim::AdamW opt({w}, {});
