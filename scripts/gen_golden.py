@@ -175,6 +175,7 @@ OPS = {
     "embedding": lambda a, i, w: [F.embedding(i, w, padding_idx=None if a["padding_idx"] < 0 else a["padding_idx"])],
     "dropout": _dropout,
     "scaled_dot_product_attention": _sdpa,
+    "attention": _sdpa,  # the fused op behind scaled_dot_product_attention: same definition
 }
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

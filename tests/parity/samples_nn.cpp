@@ -230,21 +230,26 @@ void register_nn_samples(std::vector<Case>& out) {
   add(out, "dropout_fixed_mask", "dropout", {{"p", 0.25}, {"training", true}, {"seed", 1234}},
       {in("x", {4, 6}), in("mask", {4, 6}, "dropout_mask", 0.25, 1234)}, drop);
 
-  // ---- scaled_dot_product_attention (composite: matmul, where, softmax) ------------------------------
+  // ---- scaled_dot_product_attention: the fused `attention` op where it applies (same dtype and leading dims),
+  // the composite (matmul, where, softmax) otherwise (sdpa_broadcast_kv) ------------------------------------
   auto sdpa = [](const Ins& x, const json& a) {
     return Outs{scaled_dot_product_attention(x[0], x[1], x[2], x.size() > 3 ? x[3] : Tensor(), a.at("causal").get<bool>(),
                                              a.at("scale").get<double>())};
   };
-  add(out, "sdpa", "scaled_dot_product_attention", {{"causal", false}, {"scale", 0.0}},
+  add(out, "sdpa", "attention", {{"causal", false}, {"scale", 0.0}},
       {in("q", {2, 2, 3, 4}), in("k", {2, 2, 5, 4}), in("v", {2, 2, 5, 3})}, sdpa);
-  add(out, "sdpa_causal", "scaled_dot_product_attention", {{"causal", true}, {"scale", 0.0}},
+  add(out, "sdpa_causal", "attention", {{"causal", true}, {"scale", 0.0}},
       {in("q", {1, 2, 4, 4}), with_layout(in("k", {1, 2, 4, 4}), "transposed"), in("v", {1, 2, 4, 2})}, sdpa);
-  add(out, "sdpa_padding_mask", "scaled_dot_product_attention", {{"causal", false}, {"scale", 0.3}},
+  add(out, "sdpa_padding_mask", "attention", {{"causal", false}, {"scale", 0.3}},
       {in("q", {2, 1, 3, 4}), in("k", {2, 1, 5, 4}), in("v", {2, 1, 5, 3}), in("mask", {2, 1, 1, 5}, "bernoulli", 0.6)},
       sdpa);
-  add(out, "sdpa_causal_and_padding", "scaled_dot_product_attention", {{"causal", true}, {"scale", 0.0}},
+  add(out, "sdpa_causal_and_padding", "attention", {{"causal", true}, {"scale", 0.0}},
       {in("q", {2, 2, 4, 3}), in("k", {2, 2, 4, 3}), in("v", {2, 2, 4, 3}), in("mask", {2, 1, 1, 4}, "bernoulli", 0.5)},
       sdpa);
+  add(out, "sdpa_causal_tq_gt_tk", "attention", {{"causal", true}, {"scale", 0.0}},
+      {in("q", {1, 2, 5, 3}), in("k", {1, 2, 3, 3}), in("v", {1, 2, 3, 4})}, sdpa);
+  add(out, "sdpa_broadcast_kv", "scaled_dot_product_attention", {{"causal", false}, {"scale", 0.0}},
+      {in("q", {2, 2, 3, 4}), in("k", {1, 2, 5, 4}), in("v", {1, 2, 5, 3})}, sdpa);
 }
 
 }  // namespace ampforge::parity

@@ -140,7 +140,8 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_id
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when training; identity otherwise.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 // q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv); mask: Bool, broadcastable to (B, H, Tq, Tk),
-// true = attend. Returns (B, H, Tq, Dv).
+// true = attend. Returns (B, H, Tq, Dv). Runs the fused `attention` op when q, k, v share dtype, device and
+// leading dims (ops::attention_applies), else a composite of matmul, where and softmax.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = Tensor(),
                                     bool causal = false, double scale = 0);
 

@@ -113,9 +113,22 @@ struct DropoutAttrs {
   PhiloxState philox;
 };
 
+// Fused attention (ops/attention.cpp validates and reshapes; kernels in backends/*/attention.*).
+//   attention           in:  q (N, Tq, D), k (N, Tk, D), v (N, Tk, Dv), all contiguous, one floating dtype;
+//                            optionally mask: Bool of shape (N1, N2, Tq, Tk) with N1 * N2 = N, read through its
+//                            strides (zero strides for broadcast dims); batch n is (n / N2, n % N2); true = attend.
+//                       out: out (N, Tq, Dv) in q's dtype, contiguous; lse (N, Tq) the log-sum-exp of each row of
+//                            the masked scaled scores (F32, F64 for F64 inputs); -inf for a row with every key
+//                            masked (whose output is NaN: the softmax of all -inf, as the composite gives).
+//   attention_backward  in:  grad_out (N, Tq, Dv) in q's dtype, q, k, v, out, lse[, mask] as above.
+//                       out: dq (N, Tq, D), dk (N, Tk, D), dv (N, Tk, Dv), contiguous, q's dtype.
+// S = scale * q k^T with masked (and, when causal, j > i) entries -inf; P = exp(S - lse):
+//   dv = P^T dO;  dP = dO v^T;  dS = P * (dP - rowsum(dO * O)), 0 where masked;  dq = scale dS k;  dk = scale dS^T q.
+// A fully masked row has lse = -inf, so its P is NaN (as in the composite: its dv contributions are NaN, its
+// dq row and dk contributions 0). The kernels see scale already resolved (ops/ turns 0 into 1/sqrt(D)).
 struct AttentionAttrs {
-  bool causal = false;
-  double scale = 0;  // 0: 1/sqrt(head_dim)
+  bool causal = false;  // query i attends keys j <= i (top-left aligned)
+  double scale = 0;     // 0: 1/sqrt(head_dim) (resolved in ops/)
 };
 
 // Fused optimizer steps over flat buffers. Inputs: param, grad, state buffers..., and optionally a

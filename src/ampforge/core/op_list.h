@@ -10,8 +10,9 @@
 //   Promote  inputs cast to the widest floating dtype among them (PyTorch's "promote")
 //   None     autocast leaves the inputs alone
 // Backward kernels are ops too (differentiable = false), so a backend can register them.
-// Composite functions (cat, stack, split, scaled_dot_product_attention, ...) have no entry: they are
-// written with these ops in autograd/functions/ and run on every backend that has the ops.
+// Composite functions (cat, stack, split, ...) have no entry: they are written with these ops in
+// autograd/functions/ and run on every backend that has the ops. scaled_dot_product_attention calls the
+// fused `attention` op where it applies and falls back to a composite (matmul, where, softmax) elsewhere.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,9 @@
   /* linear algebra */                                 \
   X(matmul, Lower, true)                               \
   X(linear, Lower, true)                               \
+  /* fused attention (ops/attention.cpp) */            \
+  X(attention, Lower, true)                            \
+  X(attention_backward, None, false)                   \
   /* convolution and pooling */                        \
   X(conv2d, Lower, true)                               \
   X(conv2d_backward_input, None, false)                \

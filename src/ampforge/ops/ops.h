@@ -153,6 +153,26 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Te
 Tensor bce_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction);
 Tensor bce_with_logits_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, Reduction reduction);
 
+// ---- fused attention (ops/attention.cpp) ------------------------------------------------------------
+// q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) with identical leading dims and one floating dtype;
+// mask: undefined or Bool broadcastable to (..., Tq, Tk) (true = attend). scale 0 means 1/sqrt(D).
+struct AttentionResult {
+  Tensor out;  // (..., Tq, Dv), q's dtype
+  Tensor lse;  // (..., Tq) log-sum-exp of the masked scaled scores (F32, F64 for F64 inputs)
+};
+// Whether the fused op takes these operands (same device, dtype, leading dims; non-empty; on CUDA F32/F16/BF16
+// with D, Dv <= kAttentionMaxHeadDimCuda). Otherwise scaled_dot_product_attention uses its composite.
+inline constexpr int64_t kAttentionMaxHeadDimCuda = 128;
+bool attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                          const AttentionAttrs& attrs);
+struct AttentionGrads {
+  Tensor dq, dk, dv;  // shapes of q, k, v; q's dtype
+};
+AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const Tensor& mask,
+                                  const AttentionAttrs& attrs);
+
 // ---- embedding and dropout (ops/index.cpp) ---------------------------------------------------------
 // weight (V, D), indices any shape (I64 or I32) -> (*indices, D). padding_idx: -1 (none) or in [0, V).
 Tensor embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx = -1);

@@ -2,13 +2,20 @@
 // scaled_dot_product_attention.
 //   softmax / log_softmax / losses run in F32 under autocast (op list: F32); their backward formulas are the
 //   fused backward kernels, which read the forward output (softmax) or the saved log-sum-exp (cross entropy).
-//   scaled_dot_product_attention has no kernel: it is written with differentiable functions (matmul, where,
-//   softmax), so autograd differentiates it and every backend with those ops runs it. Under autocast q, k, v
-//   are cast like matmul's inputs (the Lower category); the softmax in the middle runs in F32.
+//   scaled_dot_product_attention calls the fused `attention` op (flash-style on CUDA: the (Tq, Tk) scores are
+//   never materialised) and records attention_backward, when ops::attention_applies(): q, k, v of one dtype
+//   and device with identical leading dims, non-empty, and on CUDA head dims up to 128. Otherwise (leading dims
+//   that only broadcast, mixed dtypes, larger head dims on CUDA, empty operands) it falls back to the composite
+//   written with differentiable functions (matmul, where, softmax), which autograd differentiates. Both paths
+//   give NaN for a row with every key masked and the same gradients for it (dq row 0, dv NaN). Under autocast
+//   q, k, v are cast like matmul's inputs (the Lower category); the composite's softmax runs in F32, the fused
+//   kernels compute in F32 throughout (F64 for F64 inputs on the CPU).
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "ampforge/autograd/autocast.h"
+#include "ampforge/autograd/functions/attention.h"
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/ops/ops.h"
@@ -76,9 +83,13 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& t
   return out;
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask,
-                                    bool causal, double scale) {
-  const char* what = "scaled_dot_product_attention";
+namespace {
+
+const char* const kSdpa = "scaled_dot_product_attention";
+
+// Checks what both paths need; returns q, k, v after autocast.
+std::array<Tensor, 3> sdpa_inputs(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
+  const char* what = kSdpa;
   check_defined(q_in, what, "query");
   check_defined(k_in, what, "key");
   check_defined(v_in, what, "value");
@@ -92,6 +103,12 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
            k_in.shape().str(), v_in.shape().str());
   Tensor q = q_in, k = k_in, v = v_in;
   autograd::autocast_inputs(OpId::matmul, {&q, &k, &v});  // attention is in PyTorch's lower-precision list
+  return {q, k, v};
+}
+
+Tensor sdpa_composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                      double scale) {
+  const char* what = kSdpa;
   const int64_t D = q.size(-1), Tq = q.size(-2), Tk = k.size(-2);
   const double s = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
   Tensor scores = mul(matmul(q, transpose(k, k.dim() - 2, k.dim() - 1)), s);  // (..., Tq, Tk)
@@ -115,6 +132,33 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     scores = masked(mask);
   }
   return matmul(softmax(scores, -1), v);
+}
+
+}  // namespace
+
+Tensor detail::scaled_dot_product_attention_composite(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                                      const Tensor& mask, bool causal, double scale) {
+  auto [q, k, v] = sdpa_inputs(q_in, k_in, v_in);
+  return sdpa_composite(q, k, v, mask, causal, scale);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& mask,
+                                    bool causal, double scale) {
+  auto [q, k, v] = sdpa_inputs(q_in, k_in, v_in);
+  if (!ops::attention_applies(q, k, v, mask)) return sdpa_composite(q, k, v, mask, causal, scale);
+  AttentionAttrs at;
+  at.causal = causal;
+  at.scale = scale;
+  ops::AttentionResult r = ops::attention(q, k, v, mask, at);
+  if (needs_grad({&q, &k, &v}))
+    record("ScaledDotProductAttentionBackward", {q, k, v}, {r.out},
+           [at, Q = SavedTensor(q), K = SavedTensor(k), V = SavedTensor(v), M = SavedTensor(mask),
+            O = SavedTensor(r.out), L = SavedTensor(r.lse)](const Grads& g) -> Grads {
+             ops::AttentionGrads d =
+                 ops::attention_backward(g[0], Q.get(), K.get(), V.get(), O.get(), L.get(), M.get(), at);
+             return {d.dq, d.dk, d.dv};
+           });
+  return r.out;
 }
 
 }  // namespace ampforge

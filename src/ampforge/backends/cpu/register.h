@@ -10,6 +10,7 @@ void register_conv_cpu();
 void register_pool_cpu();
 void register_norm_cpu();
 void register_softmax_cpu();
+void register_attention_cpu();
 void register_index_cpu();
 void register_optim_cpu();
 void register_amp_cpu();

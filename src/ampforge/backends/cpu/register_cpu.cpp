@@ -11,6 +11,7 @@ void register_cpu_backend() {
   cpu::register_pool_cpu();
   cpu::register_norm_cpu();
   cpu::register_softmax_cpu();
+  cpu::register_attention_cpu();
   cpu::register_index_cpu();
   cpu::register_optim_cpu();
   cpu::register_amp_cpu();

@@ -20,6 +20,7 @@ void register_copy_cuda();         // copy.cpp: the copy op, within a device and
 void register_pool_cuda();         // pool.cu: max/avg/adaptive-avg pooling, nearest upsampling (+ backward)
 void register_norm_cuda();         // norm.cu: batch_norm, layer_norm (+ backward)
 void register_embedding_cuda();    // embedding.cu: embedding, embedding_backward
+void register_attention_cuda();    // attention.cu: attention, attention_backward (flash-style, deterministic)
 
 // dst <- src on one CUDA device (both tensors there): broadcasting, any strides, any dtype conversion.
 void copy_on_device(const Tensor& dst, const Tensor& src);

@@ -27,6 +27,7 @@ bool register_cuda_backend() {
   cuda::register_pool_cuda();
   cuda::register_norm_cuda();
   cuda::register_embedding_cuda();
+  cuda::register_attention_cuda();
   return true;
 }
 
