@@ -11,18 +11,6 @@
 namespace ampforge::cuda {
 namespace {
 
-// Copies and fills that need no conversion move bits: an unsigned integer of the element width.
-template <class F>
-void visit_width(int64_t bytes, F&& f) {
-  switch (bytes) {
-    case 1: f(uint8_t{}); return;
-    case 2: f(uint16_t{}); return;
-    case 4: f(uint32_t{}); return;
-    case 8: f(uint64_t{}); return;
-    default: AF_THROW(Internal, "no {}-byte element type", bytes);
-  }
-}
-
 // ---- fill ---------------------------------------------------------------------------------------------
 
 template <class U>

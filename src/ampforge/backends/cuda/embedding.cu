@@ -69,17 +69,6 @@ void visit_index(DType d, const char* what, F&& f) {
   }
 }
 
-// Calls f(type tag) with an unsigned integer type of the element width (the forward moves bits).
-template <class F>
-void visit_width(int64_t bytes, F&& f) {
-  switch (bytes) {
-    case 1: f(uint8_t{}); return;
-    case 2: f(uint16_t{}); return;
-    case 4: f(uint32_t{}); return;
-    case 8: f(uint64_t{}); return;
-    default: AF_THROW(Internal, "embedding: no {}-byte element type", bytes);
-  }
-}
 
 // ---- forward ------------------------------------------------------------------------------------------
 

@@ -81,6 +81,19 @@ AF_DEV float to_float(T v) {
     return static_cast<float>(v);
 }
 
+// Calls f(U{}) with the unsigned integer type of an element width: copies, fills and gathers that need no
+// conversion move bits (any dtype of that width).
+template <class F>
+void visit_width(int64_t bytes, F&& f) {
+  switch (bytes) {
+    case 1: f(uint8_t{}); return;
+    case 2: f(uint16_t{}); return;
+    case 4: f(uint32_t{}); return;
+    case 8: f(uint64_t{}); return;
+    default: AF_THROW(Internal, "no {}-byte element type", bytes);
+  }
+}
+
 // Calls f(T{}) with the device storage type of a floating dtype the backend computes on.
 template <class F>
 void visit_float(DType d, const char* what, F&& f) {
