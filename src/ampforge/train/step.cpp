@@ -29,43 +29,25 @@ StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler&
   }
   if (o.after_forward) o.after_forward(loss);
   r.loss_tensor = ops::to_dtype(loss.detach(), DType::F32);
-  if (!o.read_loss) {
+  // Device decisions without a scaler: nothing else would notice a non-finite loss, so flag it on the device
+  // (amp_unscale_ by 1 of a copy sets found when the value is Inf/NaN) and let the fused optimizer skip itself.
+  Tensor found;
+  if (o.read_loss) {
+    r.loss = [&] {
+      profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
+      return r.loss_tensor.item();
+    }();
+    if (!std::isfinite(r.loss) && !scaler.is_enabled()) return r;  // the caller's NaN policy decides
+  } else {
     r.loss = std::nan("");
-    // Without a scaler nothing else would notice a non-finite loss: flag it on the device (amp_unscale_
-    // by 1 of a copy sets found when the value is Inf/NaN) and let the fused optimizer skip itself.
-    Tensor found;
     if (!scaler.is_enabled()) {
+      AF_CHECK(opt.device_hyperparams(), "train_step: read_loss = false needs an optimizer with device "
+                                         "hyperparameters (it decides on the device whether to step)");
       autograd::NoGradGuard ng;
       found = ops::zeros({}, DType::F32, loss.device());
       ops::amp_unscale_(ops::mul_scalar(r.loss_tensor, 1.0), ops::ones({}, DType::F32, loss.device()), found);
     }
-    {
-      profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
-      scaler.scale(loss).backward();
-    }
-    profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
-    r.backward_ran = true;
-    if (o.clip_grad_norm > 0) {
-      scaler.unscale_(opt);
-      optim::clip_grad_norm_on_device_(opt, o.clip_grad_norm);
-    }
-    if (scaler.is_enabled()) {
-      r.stepped = scaler.step(opt);
-    } else {
-      autograd::NoGradGuard ng;
-      AF_CHECK(opt.device_hyperparams(), "train_step: read_loss = false needs an optimizer with device "
-                                         "hyperparameters (it decides on the device whether to step)");
-      opt.step(found);
-      r.stepped = true;
-    }
-    scaler.update();
-    return r;
   }
-  r.loss = [&] {
-    profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
-    return r.loss_tensor.item();
-  }();
-  if (!std::isfinite(r.loss) && !scaler.is_enabled()) return r;  // the caller's NaN policy decides
   {
     profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
     scaler.scale(loss).backward();
@@ -74,9 +56,16 @@ StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler&
   r.backward_ran = true;
   if (o.clip_grad_norm > 0) {
     scaler.unscale_(opt);
-    optim::clip_grad_norm_(opt, o.clip_grad_norm);
+    if (o.read_loss) optim::clip_grad_norm_(opt, o.clip_grad_norm);
+    else optim::clip_grad_norm_on_device_(opt, o.clip_grad_norm);
   }
-  r.stepped = scaler.step(opt);
+  if (found.defined()) {
+    autograd::NoGradGuard ng;
+    opt.step(found);
+    r.stepped = true;  // queued: the kernel skips itself when found is set
+  } else {
+    r.stepped = scaler.step(opt);
+  }
   scaler.update();
   return r;
 }

@@ -366,16 +366,19 @@ TrainResult train(const TrainConfig& cfg_in) {
                                pos.global_step - first_step_of_run >= StepGraph::kWarmupSteps;
         Tensor loss;
         if (graphable) {
-          if (!sg.graph) {
-            // Capture once: static inputs, one step recorded (not run), then the first replay runs it.
+          const bool capture = !sg.graph;
+          if (capture) {  // static inputs: the graph reads them at every replay
             sg.x = Tensor::empty(batch->x.shape(), batch->x.dtype(), dev, batch->x.suggest_memory_format());
             sg.y = Tensor::empty(batch->y.shape(), batch->y.dtype(), dev);
-            ops::copy_(sg.x, batch->x);
-            ops::copy_(sg.y, batch->y);
-            sched.apply(pos.global_step);
-            opt->sync_hyperparams();
+          }
+          ops::copy_(sg.x, batch->x);
+          ops::copy_(sg.y, batch->y);
+          sched.apply(pos.global_step);
+          opt->sync_hyperparams();  // the lr reaches the captured step through the device hyperparameters
+          if (capture) {
+            // Capture once: one step recorded (not run); the replay below runs it.
             StepOptions gopts = step_opts;
-            gopts.schedule = nullptr;  // the lr is written into the device hyperparameters before each replay
+            gopts.schedule = nullptr;
             auto graph = std::make_unique<cuda::Graph>(dev.index);
             graph->capture_begin();
             const StepResult captured = train_step(*model, *opt, scaler, sg.x, sg.y, gopts);
@@ -386,11 +389,6 @@ TrainResult train(const TrainConfig& cfg_in) {
             r.graph_kernels = sg.graph->num_kernel_nodes();
             // Per replayed step: the graph, two input copies, the loss copy (+ an lr fill when it changes).
             r.graph_launches_per_step = 4;
-          } else {
-            ops::copy_(sg.x, batch->x);
-            ops::copy_(sg.y, batch->y);
-            sched.apply(pos.global_step);
-            opt->sync_hyperparams();
           }
           sg.graph->replay();
           ++r.graph_steps;
