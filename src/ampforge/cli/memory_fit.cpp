@@ -27,6 +27,8 @@
 #include "ampforge/memory/stats.h"
 #include "ampforge/models/models.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/tasks/classification.h"
+#include "ampforge/train/recipe.h"
 #include "ampforge/train/step.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/thread_pool.h"
@@ -132,7 +134,7 @@ memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
       mo.image_size = kImageSize;
       nn::ModulePtr model = models::create(s.cfg.model, mo);
       if (s.cfg.master_weights) model->to(s.cfg.precision);
-      std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(s.cfg, model->parameters());
+      std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(s.cfg, *model);
       amp::GradScaler scaler(train::grad_scaler_options(s.cfg.precision));
       // Synthetic input in the layout the data loader produces (channels-last, normalised-looking values).
       Generator gen(s.cfg.seed + 1);
@@ -141,6 +143,8 @@ memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
       ops::normal_(x, 0.0, 1.0, &gen);
       Tensor y = Tensor::empty({batch}, DType::I64);
       for (int64_t i = 0; i < batch; ++i) y.data<int64_t>()[i] = i % kClasses;
+      tasks::ClassificationTask task;
+      const data::Batch micro[1] = {data::Batch{x, y}};
 
       model->train();
       train::StepOptions so;
@@ -152,7 +156,7 @@ memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
       for (int64_t i = 0; i < steps; ++i) {
         so.global_step = i;
         before_forward = alloc.stats().requested.current;
-        train::train_step(*model, *opt, scaler, x, y, so);
+        train::train_step(*model, task, *opt, scaler, micro, so);
       }
 
       memory::FitMeasure& m = p.measure;

@@ -2,12 +2,13 @@
 #include <cstdio>
 #include <optional>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
 #include "ampforge/models/models.h"
 #include "ampforge/profiler/report.h"
-#include "ampforge/train/trainer.h"
+#include "ampforge/train/recipe.h"
 
 namespace ampforge::cli {
 
@@ -29,13 +30,25 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | synthetic")->capture_default_str();
   sub->add_option("--data-dir", c.data_dir, "Directory with the IDX files (default: /usr/share/datasets/<dataset>)");
   sub->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
-  sub->add_option("--batch", c.batch_size, "Batch size")->capture_default_str();
-  sub->add_option("--lr", c.lr, "Learning rate")->capture_default_str();
+  sub->add_option("--batch", c.batch_size, "Batch size (per micro-batch with --accumulate)")->capture_default_str();
+  sub->add_option("--accumulate", c.accumulate,
+                  "Gradient accumulation: micro-batches per optimizer step (effective batch = batch x N)")
+      ->capture_default_str();
+  sub->add_option("--lr", c.lr, "Learning rate (for --lr-reference-batch images when that is set)")
+      ->capture_default_str();
+  sub->add_option("--lr-reference-batch", c.lr_reference_batch,
+                  "Scale --lr linearly by (batch x accumulate) / this (e.g. --lr 0.256 --lr-reference-batch 256, "
+                  "NVIDIA's ResNet-50 recipe); 0: off")
+      ->capture_default_str();
   sub->add_option("--optimizer", c.optimizer, "adamw | sgd")->capture_default_str();
   sub->add_option("--weight-decay", c.weight_decay, "Weight decay (default: AdamW 0.01, SGD 0)");
+  sub->add_flag("--no-decay-bias-norm", c.no_decay_bias_norm,
+                "No weight decay on biases and normalisation weights (a second parameter group)");
+  sub->add_option("--label-smoothing", c.label_smoothing, "Cross-entropy label smoothing in [0, 1)")
+      ->capture_default_str();
   sub->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   sub->add_flag("--nesterov", c.nesterov, "SGD with Nesterov momentum");
-  sub->add_option("--schedule", c.schedule, "LR schedule: constant | step | cosine")->capture_default_str();
+  sub->add_option("--schedule", c.schedule, "LR schedule: constant | step | cosine | linear (each after the warm-up)")->capture_default_str();
   sub->add_option("--warmup", c.warmup_steps, "Linear LR warm-up steps")->capture_default_str();
   sub->add_option("--clip-grad", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
   sub->add_option("--precision", flags->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
@@ -76,10 +89,14 @@ Command add_train_command(CLI::App& app) {
             cfg.progress = !flags->no_progress;
             train::install_sigint_handler();
             train::TrainResult r = train::train(cfg);
+            std::string metrics;
+            for (const tasks::Metric& m : r.eval)
+              metrics += m.fraction ? fmt::format("test {} {:.2f}%, ", m.name, 100.0 * m.value)
+                                    : fmt::format("test {} {:.4f}, ", m.name, m.value);
             std::fprintf(stderr,
-                         "\nsummary: %s on %s (%s): test accuracy %.2f%%, test loss %.4f, %lld steps, %.0f train "
+                         "\nsummary: %s on %s (%s): %s%lld steps, %.0f train "
                          "samples/s, wall %.1fs, peak memory %.1f MiB%s\n",
-                         r.model.c_str(), r.dataset.c_str(), r.precision.c_str(), 100.0 * r.test_accuracy, r.test_loss,
+                         r.model.c_str(), r.dataset.c_str(), r.precision.c_str(), metrics.c_str(),
                          static_cast<long long>(r.steps), r.train_samples_per_sec, r.wall_seconds,
                          static_cast<double>(r.peak_memory_bytes) / (1 << 20),
                          r.checkpoint.empty() ? "" : (", checkpoint " + r.checkpoint).c_str());
@@ -89,9 +106,9 @@ Command add_train_command(CLI::App& app) {
             if (r.graph_steps > 0)
               std::fprintf(stderr,
                            "CUDA graph: one step = %lld operations (%lld kernels), each a launch when run eagerly; "
-                           "%lld steps replayed with %lld launches each\n",
+                           "%lld steps replayed, one graph launch each\n",
                            static_cast<long long>(r.graph_nodes), static_cast<long long>(r.graph_kernels),
-                           static_cast<long long>(r.graph_steps), static_cast<long long>(r.graph_launches_per_step));
+                           static_cast<long long>(r.graph_steps));
             if (r.device.rfind("cuda", 0) == 0)
               std::fprintf(stderr, "host synchronisations during training: %lld (%lld steps; losses read every %lld)\n",
                            static_cast<long long>(r.host_syncs), static_cast<long long>(r.steps),
@@ -111,6 +128,7 @@ Command add_train_command(CLI::App& app) {
                                   {"epochs", r.epochs_completed},
                                   {"steps", r.steps},
                                   {"parameters", r.parameters},
+                                  {"task", r.task},
                                   {"test_accuracy", r.test_accuracy},
                                   {"test_loss", r.test_loss},
                                   {"final_train_loss", r.final_train_loss},
@@ -129,8 +147,18 @@ Command add_train_command(CLI::App& app) {
                                   {"host_syncs", r.host_syncs},
                                   {"cuda_graph", {{"nodes", r.graph_nodes},
                                                   {"kernels", r.graph_kernels},
-                                                  {"launches_per_step", r.graph_launches_per_step},
                                                   {"steps", r.graph_steps}}}};
+              nlohmann::json eval = nlohmann::json::object();
+              for (const tasks::Metric& m : r.eval) eval[m.name] = m.value;
+              j["eval"] = eval;
+              j["primary_metric"] = r.primary_metric;
+              std::vector<nlohmann::json> per_epoch;
+              for (const tasks::Metrics& ms : r.epoch_eval) {
+                nlohmann::json e = nlohmann::json::object();
+                for (const tasks::Metric& m : ms) e[m.name] = m.value;
+                per_epoch.push_back(e);
+              }
+              j["epoch_eval"] = per_epoch;
               if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }

@@ -10,12 +10,25 @@ Schedule schedule_from_string(const std::string& s) {
   if (s == "constant" || s == "none") return Schedule::Constant;
   if (s == "step") return Schedule::Step;
   if (s == "cosine") return Schedule::Cosine;
-  AF_THROW(InvalidArgument, "unknown lr schedule '{}': expected constant, step or cosine", s);
+  if (s == "linear") return Schedule::Linear;
+  AF_THROW(InvalidArgument, "unknown lr schedule '{}': expected constant, step, cosine or linear", s);
+}
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::Constant: return "constant";
+    case Schedule::Step: return "step";
+    case Schedule::Cosine: return "cosine";
+    case Schedule::Linear: return "linear";
+  }
+  return "?";
 }
 
 LRScheduler::LRScheduler(Optimizer& opt, ScheduleOptions o) : opt_(opt), o_(o) {
   AF_CHECK(o.kind != Schedule::Step || o.step_size > 0, "step schedule needs step_size > 0");
   AF_CHECK(o.kind != Schedule::Cosine || o.total_steps > 0, "cosine schedule needs total_steps > 0");
+  AF_CHECK(o.kind != Schedule::Linear || o.total_steps > o.warmup_steps,
+           "linear schedule needs total_steps ({}) > warm-up steps ({})", o.total_steps, o.warmup_steps);
   AF_CHECK(o.warmup_steps >= 0, "warm-up steps must be >= 0");
   for (auto& g : opt.param_groups()) base_.push_back(g.lr);
 }
@@ -28,6 +41,12 @@ double LRScheduler::factor(int64_t step) const {
     case Schedule::Cosine: {
       const double t = std::min<double>(static_cast<double>(step), static_cast<double>(o_.total_steps));
       f = 0.5 * (1.0 + std::cos(M_PI * t / static_cast<double>(o_.total_steps)));
+      break;
+    }
+    case Schedule::Linear: {
+      // Hugging Face's get_linear_schedule_with_warmup: 1 at the end of warm-up, 0 at total_steps.
+      const double left = static_cast<double>(o_.total_steps - std::max(step, o_.warmup_steps));
+      f = std::max(0.0, left / static_cast<double>(o_.total_steps - o_.warmup_steps));
       break;
     }
   }

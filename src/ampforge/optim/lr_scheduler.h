@@ -10,18 +10,19 @@
 
 namespace ampforge::optim {
 
-enum class Schedule { Constant, Step, Cosine };
+enum class Schedule { Constant, Step, Cosine, Linear };
 
 struct ScheduleOptions {
   Schedule kind = Schedule::Constant;
-  int64_t total_steps = 0;   // cosine: anneal to min_lr over this many steps
+  int64_t total_steps = 0;   // cosine: anneal to min_lr over this many steps; linear: decay to 0 at it
   int64_t step_size = 0;     // step: multiply by gamma every step_size steps
   double gamma = 0.1;
   double min_lr = 0;         // cosine floor (eta_min)
   int64_t warmup_steps = 0;  // linear warm-up from 0 to the base lr over the first steps
 };
 
-Schedule schedule_from_string(const std::string& s);  // "constant" | "step" | "cosine"
+Schedule schedule_from_string(const std::string& s);  // "constant" | "step" | "cosine" | "linear"
+const char* schedule_name(Schedule s);
 
 class LRScheduler {
  public:

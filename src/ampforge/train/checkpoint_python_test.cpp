@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/core/safetensors.h"
-#include "ampforge/train/trainer.h"
+#include "ampforge/train/recipe.h"
 
 using namespace ampforge;
 namespace fs = std::filesystem;

@@ -11,8 +11,9 @@
 
 namespace ampforge::train {
 
-StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler& scaler, const Tensor& x,
-                      const Tensor& y, const StepOptions& o) {
+StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& opt, amp::GradScaler& scaler,
+                      std::span<const data::Batch> micro, const StepOptions& o) {
+  AF_CHECK(!micro.empty(), "train_step: no batch");
   StepResult r;
   {
     profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
@@ -20,38 +21,56 @@ StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler&
     opt.zero_grad();
   }
   const bool use_autocast = o.precision != DType::F32;
-  Tensor loss;
-  {
-    profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
-    amp::Autocast ac(x.device(), use_autocast ? o.precision : DType::BF16, use_autocast);
-    Tensor logits = model(x);
-    loss = cross_entropy(logits, y);
-  }
-  if (o.after_forward) o.after_forward(loss);
-  r.loss_tensor = ops::to_dtype(loss.detach(), DType::F32);
+  const double inv_count = 1.0 / static_cast<double>(micro.size());
   // Device decisions without a scaler: nothing else would notice a non-finite loss, so flag it on the device
   // (amp_unscale_ by 1 of a copy sets found when the value is Inf/NaN) and let the fused optimizer skip itself.
   Tensor found;
-  if (o.read_loss) {
-    r.loss = [&] {
-      profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
-      return r.loss_tensor.item();
-    }();
-    if (!std::isfinite(r.loss) && !scaler.is_enabled()) return r;  // the caller's NaN policy decides
-  } else {
-    r.loss = std::nan("");
-    if (!scaler.is_enabled()) {
-      AF_CHECK(opt.device_hyperparams(), "train_step: read_loss = false needs an optimizer with device "
-                                         "hyperparameters (it decides on the device whether to step)");
-      autograd::NoGradGuard ng;
-      found = ops::zeros({}, DType::F32, loss.device());
-      ops::amp_unscale_(ops::mul_scalar(r.loss_tensor, 1.0), ops::ones({}, DType::F32, loss.device()), found);
+  if (!o.read_loss && !scaler.is_enabled()) {
+    AF_CHECK(opt.device_hyperparams(), "train_step: read_loss = false needs an optimizer with device "
+                                       "hyperparameters (it decides on the device whether to step)");
+    found = ops::zeros({}, DType::F32, micro.front().x.device());
+  }
+  double loss_sum = 0;
+  Tensor loss_sum_t;  // F32 on the device
+  for (const data::Batch& b : micro) {
+    Tensor loss;
+    {
+      profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
+      amp::Autocast ac(b.x.device(), use_autocast ? o.precision : DType::BF16, use_autocast);
+      loss = task.loss(model, b);
     }
+    AF_CHECK(loss.numel() == 1 && dtype_is_float(loss.dtype()), "task '{}': the loss must be one floating value, got "
+             "shape {} {}", task.name(), loss.shape().str(), dtype_name(loss.dtype()));
+    if (o.after_forward) o.after_forward(loss);
+    Tensor lt = ops::to_dtype(loss.detach(), DType::F32).reshape({});
+    if (o.read_loss) {
+      const double lv = [&] {
+        profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
+        return lt.item();
+      }();
+      loss_sum += lv;
+      if (!std::isfinite(lv) && !scaler.is_enabled()) {  // the caller's NaN policy decides
+        r.loss = lv;
+        r.loss_tensor = lt;
+        return r;
+      }
+    } else if (found.defined()) {
+      autograd::NoGradGuard ng;
+      ops::amp_unscale_(ops::mul_scalar(lt, 1.0), ops::ones({}, DType::F32, lt.device()), found);
+    }
+    {
+      autograd::NoGradGuard ng;
+      loss_sum_t = loss_sum_t.defined() ? ops::add(loss_sum_t, lt) : lt;
+    }
+    profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
+    Tensor scaled = micro.size() > 1 ? mul(loss, inv_count) : loss;
+    scaler.scale(scaled).backward();
   }
   {
-    profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
-    scaler.scale(loss).backward();
+    autograd::NoGradGuard ng;
+    r.loss_tensor = micro.size() > 1 ? ops::mul_scalar(loss_sum_t, inv_count) : loss_sum_t;
   }
+  r.loss = o.read_loss ? loss_sum * inv_count : std::nan("");
   profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
   r.backward_ran = true;
   if (o.clip_grad_norm > 0) {
@@ -68,24 +87,6 @@ StepResult train_step(nn::Module& model, optim::Optimizer& opt, amp::GradScaler&
   }
   scaler.update();
   return r;
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, const std::vector<Tensor>& params) {
-  if (cfg.optimizer == "adamw") {
-    optim::AdamWOptions o;
-    o.lr = cfg.lr;
-    if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
-    o.rounding = {cfg.stochastic_rounding, cfg.seed};
-    return std::make_unique<optim::AdamW>(params, o);
-  }
-  AF_CHECK(cfg.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", cfg.optimizer);
-  optim::SGDOptions o;
-  o.lr = cfg.lr;
-  o.momentum = cfg.momentum;
-  o.nesterov = cfg.nesterov;
-  if (cfg.weight_decay >= 0) o.weight_decay = cfg.weight_decay;
-  o.rounding = {cfg.stochastic_rounding, cfg.seed};
-  return std::make_unique<optim::SGD>(params, o);
 }
 
 amp::GradScalerOptions grad_scaler_options(DType precision) {

@@ -8,6 +8,8 @@
 #include "ampforge/core/generator.h"
 #include "ampforge/models/models.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/tasks/classification.h"
+#include "ampforge/train/recipe.h"
 #include "ampforge/train/step.h"
 
 using namespace ampforge;
@@ -31,10 +33,11 @@ Trace run(bool read_loss, DType precision, double lr, int steps, double clip = 0
   cfg.lr = lr;
   cfg.optimizer = optimizer;
   cfg.momentum = 0;
-  std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(cfg, model->parameters());
+  std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(cfg, *model);
   if (!read_loss) opt->set_device_hyperparams(true);
   amp::GradScaler scaler(train::grad_scaler_options(precision));
   Generator gen(5);
+  tasks::ClassificationTask task;
   Trace t;
   for (int s = 0; s < steps; ++s) {
     Tensor x = ops::randn({8, 1, 12, 12}, DType::F32, kCPU, &gen);
@@ -45,7 +48,7 @@ Trace run(bool read_loss, DType precision, double lr, int steps, double clip = 0
     so.precision = precision;
     so.read_loss = read_loss;
     so.clip_grad_norm = clip;
-    const train::StepResult r = train::train_step(*model, *opt, scaler, x, y, so);
+    const train::StepResult r = train::train_step(*model, task, *opt, scaler, {x, y}, so);
     t.losses.push_back(static_cast<float>(r.loss_tensor.item()));
     if (read_loss) EXPECT_EQ(static_cast<float>(r.loss), t.losses.back());
     else EXPECT_TRUE(std::isnan(r.loss));

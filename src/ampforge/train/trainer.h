@@ -1,81 +1,88 @@
-// Trainer: the training loop behind `ampforge train` — epochs, evaluation after each epoch, progress,
-// a final summary, checkpoints (safetensors, written atomically) and exact resume, SIGINT handling,
-// mixed precision (autocast + GradScaler) and the NaN policy.
+// Trainer: the training loop. It takes objects — a model (nn::Module), a task (how a batch becomes a loss
+// and metrics: tasks/task.h), training and evaluation datasets, an optimizer factory (parameter groups,
+// optimizer kind) and a schedule — plus options of plain values. It knows no model, task or data set by
+// name: `ampforge train` maps names to objects in train/recipe.h, and a C++ user passes their own.
+//
+// What the loop does for every task: epochs with evaluation after each, gradient accumulation, mixed
+// precision (autocast, and a GradScaler for F16), F32 master weights, gradient clipping, LR schedules,
+// checkpoints (safetensors, atomic) with exact resume, SIGINT, the NaN policy (train/nan_policy.h),
+// progress and a summary, the profiler and memory traces, CUDA devices (sync-free steps with losses read
+// in blocks: train/device_losses.h) and CUDA graphs (train/graph_step.h). Each of these lives once, in
+// its own file; the loop calls them.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ampforge/core/dtype.h"
+#include "ampforge/data/data_loader.h"
 #include "ampforge/nn/module.h"
+#include "ampforge/optim/lr_scheduler.h"
+#include "ampforge/optim/optimizer.h"
 #include "ampforge/profiler/profile_data.h"
+#include "ampforge/tasks/task.h"
+#include "ampforge/train/nan_policy.h"
 
 namespace ampforge::train {
 
-struct TrainConfig {
-  std::string model = "cnn";
-  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | synthetic
-  std::string data_dir;                    // default: Debian's install dir for the dataset
-  int64_t epochs = 5;
-  int64_t batch_size = 128;
-  double lr = 1e-3;
-  std::string optimizer = "adamw";         // adamw | sgd
-  double weight_decay = -1;                // < 0: the optimizer's default (AdamW 1e-2, SGD 0)
-  double momentum = 0.9;                   // SGD
-  bool nesterov = false;
-  std::string schedule = "cosine";         // constant | step | cosine
-  int64_t warmup_steps = 0;
-  double clip_grad_norm = 0;               // 0: off
-  int threads = 0;                         // 0: all cores
-  int workers = 1;                         // data-loader threads
-  uint64_t seed = 0;
-  bool channels_last = true;
-  int64_t crop_padding = 0;                // augmentation
-  bool hflip = false;
-  DType precision = DType::F32;            // F32 | F16 | BF16 (autocast + GradScaler for F16)
-  bool master_weights = false;             // keep parameters in 16 bits with F32 masters in the optimizer
-  bool stochastic_rounding = false;        // BF16 master weights: round the model copy stochastically
-  std::string nan_policy = "stop";         // stop | skip: what to do with a non-finite loss without a scaler
-  int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)
-  int64_t synthetic_size = 2048;           // examples in the synthetic training split
-  int64_t eval_batch_size = 1000;
-  std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
-  std::string resume;                      // checkpoint to resume from
-  std::string memory_trace;                // record every allocation/free here (ampforge-memtrace v1)
+struct TrainerOptions {
+  int64_t epochs = 1;
+  int64_t max_steps = -1;       // stop after this many optimizer steps (counting from 0); -1: no limit
+  int64_t accumulate = 1;       // micro-batches per optimizer step (gradient accumulation)
+  DType precision = DType::F32;  // F32 | F16 | BF16 (autocast; F16 adds a GradScaler)
+  bool master_weights = false;   // parameters in `precision` with F32 masters in the optimizer (Apex O2)
+  double clip_grad_norm = 0;     // 0: off
+  NanPolicy nan_policy = NanPolicy::Stop;
+  // LR schedule over the run. total_steps 0: the run's optimizer steps (epochs x steps per epoch).
+  optim::ScheduleOptions schedule{};
+  // Data: batch size, workers, augmentation, normalisation, memory format. `device` is set by the
+  // trainer (batches are delivered where the model is). Evaluation uses eval_loader (shuffle off).
+  data::LoaderOptions loader{};
+  data::LoaderOptions eval_loader{};
+  // Device: "cpu", "cuda" or "cuda:N" as a Device. On CUDA every step decision stays on the device (no
+  // host synchronisation in a step) and losses are read every `loss_read_interval` steps.
+  Device device = kCPU;
+  bool cuda_graphs = false;
+  int64_t loss_read_interval = 50;
+  // Checkpoints: written after each epoch, at the end and on SIGINT/max_steps; `resume` continues one.
+  // The label names the run's model in the checkpoint (resume refuses another); empty: the model's type.
+  std::string save, resume, checkpoint_label;
+  std::string config_json = "{}";  // stored in checkpoints for people reading them
+  std::string memory_trace;        // record every allocation/free of the run's device allocator here
   bool progress = true;
-  bool verbose = true;                     // human summary on stderr
-  // Profiler (docs/PROFILER.md): ranges for every op, phase, data wait and host sync.
-  bool profile = false;                    // collect a profile (TrainResult::profile)
-  std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
-  std::string trace;                       // write a Chrome trace here (implies profile)
-  // Device (docs/ARCHITECTURE.md, "Training on CUDA"): "cpu", "cuda" or "cuda:N". On CUDA, batches are
-  // uploaded on the copy stream while the previous step computes, every step decision stays on the device
-  // (no host synchronisation in a step) and losses are read in blocks of `loss_read_interval` steps.
-  std::string device = "cpu";
-  bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
-  int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
+  bool verbose = true;               // a header line and warnings on stderr
+  bool profile = false;              // collect a profile (TrainResult::profile)
+  std::string profile_steps;         // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
+  std::string trace;                 // write a Chrome trace here (implies profile)
 };
 
 struct TrainResult {
-  std::string model, dataset, precision;
+  std::string model, dataset, precision, task;
   int64_t epochs_completed = 0, steps = 0, parameters = 0;
+  // Evaluation: every metric of the last evaluation, per epoch, and the task's primary metric.
+  tasks::Metrics eval;
+  std::vector<tasks::Metrics> epoch_eval;
+  std::string primary_metric;
+  // Classification's "accuracy" and "loss" of the last evaluation (0 when the task has none), and the
+  // accuracy after each epoch: the figures `ampforge train` has always reported.
   double test_accuracy = 0, test_loss = 0, final_train_loss = 0;
+  std::vector<double> epoch_accuracy;
   double train_samples_per_sec = 0, wall_seconds = 0, train_seconds = 0, data_wait_seconds = 0;
-  int64_t peak_memory_bytes = 0;   // peak reserved by the caching allocator (bytes held from the OS)
+  int64_t peak_memory_bytes = 0;   // peak reserved by the run's caching allocator (bytes held from the OS)
   std::string memory_stats_json;   // the allocator's full statistics (memory/stats.h), as JSON
   std::string device;
-  std::vector<double> losses;         // training loss per step (this run)
-  std::vector<double> epoch_accuracy;  // test accuracy after each epoch (this run)
+  std::vector<double> losses;  // training loss per optimizer step (this run)
   // Mixed precision
   double loss_scale = 0;  // final GradScaler scale (0: no scaler)
   int64_t skipped_steps = 0, overflow_events = 0;
   // CUDA graphs: operations in the captured step (each an eager launch without graphs; kernels among
-  // them), launches per replayed step (the graph, the input copies and the loss copy), steps replayed.
-  int64_t graph_nodes = 0, graph_kernels = 0, graph_launches_per_step = 0, graph_steps = 0;
-  // CUDA: host synchronisations during training (cuda::host_sync_count()), and per step.
+  // them) and the steps replayed (one graph launch each).
+  int64_t graph_nodes = 0, graph_kernels = 0, graph_steps = 0;
+  // CUDA: host synchronisations during training (cuda::host_sync_count()).
   int64_t host_syncs = 0;
   bool interrupted = false;
   std::string stopped_reason;  // "" | "interrupted" | "max_steps" | "non-finite loss at step N"
@@ -83,8 +90,37 @@ struct TrainResult {
   std::shared_ptr<const profiler::ProfileData> profile;  // set when profiling was on
 };
 
-// Validates the config (throws InvalidArgument with the flag's name) and runs it.
-TrainResult train(const TrainConfig& cfg);
+// Builds the optimizer over the model's parameters after the trainer has placed the model on its device
+// and dtype (an optimizer keeps flat views of the parameters, so it must come after any move).
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module& model)>;
+
+class Trainer {
+ public:
+  // Moves the model to options.device (and to options.precision with master weights), then builds the
+  // optimizer. Throws InvalidArgument for inconsistent options, naming the option.
+  Trainer(nn::ModulePtr model, std::shared_ptr<tasks::Task> task, OptimizerFactory make_optimizer,
+          TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains on `train_data`, evaluating on `eval_data` (may be null) after each epoch. Can be called once.
+  TrainResult fit(std::shared_ptr<const data::Dataset> train_data, std::shared_ptr<const data::Dataset> eval_data);
+
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *opt_; }
+  const TrainerOptions& options() const { return o_; }
+
+ private:
+  nn::ModulePtr model_;
+  std::shared_ptr<tasks::Task> task_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  TrainerOptions o_;
+  bool used_ = false;
+};
+
+// "A:B" -> [A, B); "A:" -> [A, end) with B = -1. Throws InvalidArgument naming --profile-steps.
+std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
 
 // Process-wide stop request (SIGINT handler sets it; the trainer finishes the current step).
 std::atomic<bool>& stop_requested();

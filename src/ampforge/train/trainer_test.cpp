@@ -7,7 +7,7 @@
 
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/safetensors.h"
-#include "ampforge/train/trainer.h"
+#include "ampforge/train/recipe.h"
 
 using namespace ampforge;
 namespace fs = std::filesystem;

@@ -1,0 +1,56 @@
+// Task: what the training loop trains for. A task turns a batch into a loss (training) and into metrics
+// (evaluation); the loop (train/trainer.h) knows no task and no model by name, so a new model or task
+// (classification here; masked-LM and detection later) never edits the loop.
+//
+// Contract shared by every task:
+//  - `loss` is called in training mode, inside the loop's autocast region, with the batch already on the
+//    model's device. It returns a one-element floating tensor connected to the parameters. It must not
+//    read values back to the host: on CUDA the loop keeps a step free of host synchronisations and may
+//    capture it in a CUDA graph (so the same shapes must issue the same operations every call).
+//  - An Evaluator is made per evaluation. `add` is called in eval mode under no-grad and the loop's
+//    autocast; it keeps its sums as tensors on the batch's device. `result` reads them once.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampforge/core/tensor.h"
+#include "ampforge/data/data_loader.h"
+#include "ampforge/nn/module.h"
+
+namespace ampforge::tasks {
+
+struct Metric {
+  std::string name;      // snake_case: "loss", "accuracy", "top5_accuracy"
+  double value = 0;
+  bool fraction = false;  // a ratio in [0, 1], shown as a percentage by people-facing output
+};
+using Metrics = std::vector<Metric>;
+
+// The value of metric `name`, or NaN when absent.
+inline double metric_value(const Metrics& m, const std::string& name) {
+  for (const Metric& x : m)
+    if (x.name == name) return x.value;
+  return std::nan("");
+}
+
+class Evaluator {
+ public:
+  virtual ~Evaluator() = default;
+  virtual void add(nn::Module& model, const data::Batch& batch) = 0;
+  virtual Metrics result() = 0;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  virtual Tensor loss(nn::Module& model, const data::Batch& batch) = 0;
+  virtual std::unique_ptr<Evaluator> evaluator() const = 0;
+  // The evaluation metric that summarises a run (e.g. "accuracy"); must be one that result() reports.
+  virtual std::string primary_metric() const = 0;
+};
+
+}  // namespace ampforge::tasks

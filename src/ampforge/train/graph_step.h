@@ -1,0 +1,55 @@
+// A training step (train_step over its micro-batches) captured once as a CUDA graph and replayed for
+// every later step of the same shapes: one launch instead of one per operation, which matters for
+// launch-bound models (small layers, small batches).
+//
+// The graph reads its inputs from static tensors and writes its loss into a static output, so each run
+// copies the step's batches into the static inputs first (on the compute stream, before the replay).
+// The learning rate reaches the captured optimizer kernel through the optimizer's device
+// hyperparameters, written before each replay (Optimizer::sync_hyperparams). The caller runs a few eager
+// steps first (kWarmupSteps): lazily created state (scaler, library handles, cuDNN/cuBLASLt algorithm
+// choices, the allocator's segments) must exist before capture.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ampforge/train/step.h"
+
+namespace ampforge::cuda {
+class Graph;
+}
+
+namespace ampforge::train {
+
+class StepGraph {
+ public:
+  static constexpr int64_t kWarmupSteps = 3;
+  StepGraph();
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
+
+  // Whether a step over `micro` can use this graph: the same number of micro-batches with the shapes
+  // and dtypes of the captured ones (or anything, before the capture).
+  bool fits(std::span<const data::Batch> micro) const;
+  // Runs one step: copies `micro` into the static inputs, applies `options.schedule` for
+  // `options.global_step` and syncs the lr to the device, captures the step at the first call, replays
+  // it. Returns the step's loss (the graph's static output: read or copy it before the next run).
+  // `options.read_loss` must be false (a captured step cannot synchronise).
+  Tensor run(nn::Module& model, tasks::Task& task, optim::Optimizer& opt, amp::GradScaler& scaler,
+             std::span<const data::Batch> micro, const StepOptions& options);
+
+  bool captured() const { return graph_ != nullptr; }
+  int64_t nodes() const { return nodes_; }      // operations in the graph (each a launch when eager)
+  int64_t kernels() const { return kernels_; }  // kernel nodes among them
+  int64_t replays() const { return replays_; }
+
+ private:
+  std::unique_ptr<cuda::Graph> graph_;
+  std::vector<data::Batch> inputs_;  // static inputs, one per micro-batch
+  Tensor loss_;
+  int64_t nodes_ = 0, kernels_ = 0, replays_ = 0;
+};
+
+}  // namespace ampforge::train

@@ -1,0 +1,182 @@
+#include "ampforge/train/recipe.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/core/generator.h"
+#include "ampforge/data/dataset.h"
+#include "ampforge/memory/global.h"
+#include "ampforge/models/models.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/optim/param_groups.h"
+#include "ampforge/tasks/classification.h"
+#include "ampforge/util/error.h"
+#include "ampforge/util/thread_pool.h"
+
+namespace ampforge::train {
+
+namespace {
+
+void validate(const TrainConfig& c) {
+  AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
+  AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
+  AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
+  AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic",
+           "--dataset must be fashion-mnist, mnist or synthetic, got '{}'", c.dataset);
+  AF_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads must be in [0, 1024], got {}", c.threads);
+  AF_CHECK(c.workers >= 0 && c.workers <= 64, "--workers must be in [0, 64], got {}", c.workers);
+  AF_CHECK(!c.stochastic_rounding || (c.master_weights && c.precision == DType::BF16),
+           "--stochastic-rounding needs --precision bf16 --master-weights (it rounds the BF16 model copy)");
+  AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
+  AF_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing must be in [0, 1), got {}",
+           c.label_smoothing);
+  AF_CHECK(c.warmup_steps >= 0, "--warmup must be >= 0, got {}", c.warmup_steps);
+  optim::schedule_from_string(c.schedule);
+  nan_policy_from_string(c.nan_policy);
+}
+
+Device parse_device(const std::string& s) {
+  try {
+    return Device::parse(s);
+  } catch (const Error&) {
+    AF_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got '{}'", s);
+  }
+}
+
+nlohmann::json config_json(const TrainConfig& c) {
+  const char* prec = c.precision == DType::F32 ? "fp32" : c.precision == DType::F16 ? "fp16" : "bf16";
+  return {{"model", c.model},           {"dataset", c.dataset},       {"epochs", c.epochs},
+          {"batch_size", c.batch_size}, {"accumulate", c.accumulate}, {"lr", effective_lr(c)},
+          {"optimizer", c.optimizer},   {"weight_decay", c.weight_decay},
+          {"no_decay_bias_norm", c.no_decay_bias_norm}, {"schedule", c.schedule},
+          {"warmup_steps", c.warmup_steps}, {"label_smoothing", c.label_smoothing}, {"seed", c.seed},
+          {"precision", prec}, {"master_weights", c.master_weights},
+          {"stochastic_rounding", c.stochastic_rounding},
+          {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs}};
+}
+
+struct Datasets {
+  std::shared_ptr<data::Dataset> train, test;
+};
+
+Datasets make_datasets(const TrainConfig& cfg) {
+  Datasets d;
+  if (cfg.dataset == "synthetic") {
+    d.train = std::make_shared<data::SyntheticDataset>(cfg.synthetic_size, Shape{1, 28, 28}, 10, cfg.seed + 1);
+    d.test = std::make_shared<data::SyntheticDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1), Shape{1, 28, 28},
+                                                      10, cfg.seed + 2);
+  } else {
+    const std::string dir = !cfg.data_dir.empty() ? cfg.data_dir
+                            : cfg.dataset == "fashion-mnist" ? data::kDefaultFashionMnistDir
+                                                             : "/usr/share/datasets/mnist";
+    d.train = std::make_shared<data::MnistDataset>(dir, true, cfg.dataset);
+    d.test = std::make_shared<data::MnistDataset>(dir, false, cfg.dataset);
+  }
+  return d;
+}
+
+}  // namespace
+
+double effective_lr(const TrainConfig& c) {
+  if (c.lr_reference_batch <= 0) return c.lr;
+  return c.lr * static_cast<double>(c.batch_size * c.accumulate) / static_cast<double>(c.lr_reference_batch);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
+  const double lr = effective_lr(cfg);
+  const bool adamw = cfg.optimizer == "adamw";
+  AF_CHECK(adamw || cfg.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", cfg.optimizer);
+  const double wd = cfg.weight_decay >= 0 ? cfg.weight_decay : adamw ? optim::AdamWOptions{}.weight_decay
+                                                                     : optim::SGDOptions{}.weight_decay;
+  std::vector<optim::ParamGroupSpec> groups;
+  if (cfg.no_decay_bias_norm) {
+    groups = optim::decay_groups(model, wd);
+  } else {
+    optim::ParamGroupSpec all;
+    all.params = model.parameters();
+    groups.push_back(std::move(all));
+  }
+  if (adamw) {
+    optim::AdamWOptions o;
+    o.lr = lr;
+    o.weight_decay = wd;
+    o.rounding = {cfg.stochastic_rounding, cfg.seed};
+    return std::make_unique<optim::AdamW>(groups, o);
+  }
+  optim::SGDOptions o;
+  o.lr = lr;
+  o.momentum = cfg.momentum;
+  o.nesterov = cfg.nesterov;
+  o.weight_decay = wd;
+  o.rounding = {cfg.stochastic_rounding, cfg.seed};
+  return std::make_unique<optim::SGD>(groups, o);
+}
+
+TrainResult train(const TrainConfig& cfg) {
+  validate(cfg);
+  TrainerOptions to;
+  to.device = parse_device(cfg.device);
+  if (cfg.threads > 0) set_num_threads(cfg.threads);
+  manual_seed(cfg.seed);
+  memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
+  const Datasets ds = make_datasets(cfg);
+
+  const auto [mean, stdv] = ds.train->normalization();
+  data::LoaderOptions lo;
+  lo.batch_size = cfg.batch_size;
+  lo.seed = cfg.seed;
+  lo.workers = cfg.workers;
+  lo.mean = mean;
+  lo.std = stdv;
+  lo.crop_padding = cfg.crop_padding;
+  lo.hflip = cfg.hflip;
+  lo.format = cfg.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  data::LoaderOptions elo = lo;
+  elo.shuffle = false;
+  elo.batch_size = cfg.eval_batch_size;
+  elo.crop_padding = 0;
+  elo.hflip = false;
+
+  models::ModelOptions mo;
+  mo.in_channels = ds.train->example_shape()[0];
+  mo.num_classes = ds.train->num_classes();
+  mo.image_size = ds.train->example_shape()[1];
+  nn::ModulePtr model = models::create(cfg.model, mo);
+
+  tasks::ClassificationOptions co;
+  co.label_smoothing = cfg.label_smoothing;
+  auto task = std::make_shared<tasks::ClassificationTask>(co);
+
+  to.epochs = cfg.epochs;
+  to.max_steps = cfg.max_steps;
+  to.accumulate = cfg.accumulate;
+  to.precision = cfg.precision;
+  to.master_weights = cfg.master_weights;
+  to.clip_grad_norm = cfg.clip_grad_norm;
+  to.nan_policy = nan_policy_from_string(cfg.nan_policy);
+  to.schedule.kind = optim::schedule_from_string(cfg.schedule);
+  to.schedule.warmup_steps = cfg.warmup_steps;
+  to.loader = lo;
+  to.eval_loader = elo;
+  to.cuda_graphs = cfg.cuda_graphs;
+  to.loss_read_interval = cfg.loss_read_interval;
+  to.save = cfg.save;
+  to.resume = cfg.resume;
+  to.checkpoint_label = cfg.model;
+  to.config_json = config_json(cfg).dump();
+  to.memory_trace = cfg.memory_trace;
+  to.progress = cfg.progress;
+  to.verbose = cfg.verbose;
+  to.profile = cfg.profile;
+  to.profile_steps = cfg.profile_steps;
+  to.trace = cfg.trace;
+
+  Trainer trainer(model, task, [&cfg](nn::Module& m) { return make_optimizer(cfg, m); }, to);
+  TrainResult r = trainer.fit(ds.train, ds.test);
+  r.model = cfg.model;
+  r.dataset = cfg.dataset;
+  return r;
+}
+
+}  // namespace ampforge::train

@@ -1,0 +1,74 @@
+// Recipes: `ampforge train` by name. A TrainConfig holds plain values and names (model, data set,
+// optimizer, schedule) as the command line gives them; train() maps each name to its object (a model from
+// models/, a data set from data/, a task from tasks/, an optimizer from optim/) and runs them through the
+// Trainer (train/trainer.h), which itself never needs a name. C++ users who bring their own objects use
+// the Trainer directly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ampforge/core/dtype.h"
+#include "ampforge/nn/module.h"
+#include "ampforge/optim/optimizer.h"
+#include "ampforge/train/trainer.h"
+
+namespace ampforge::train {
+
+struct TrainConfig {
+  std::string model = "cnn";
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | synthetic
+  std::string data_dir;                    // default: Debian's install dir for the dataset
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  int64_t accumulate = 1;                  // micro-batches per optimizer step
+  double lr = 1e-3;
+  // > 0: `lr` is the rate for this batch size and the run uses lr x (batch x accumulate) / reference,
+  // the linear scaling rule (NVIDIA's ResNet-50 recipe: 0.256 per 256 images).
+  int64_t lr_reference_batch = 0;
+  std::string optimizer = "adamw";         // adamw | sgd
+  double weight_decay = -1;                // < 0: the optimizer's default (AdamW 1e-2, SGD 0)
+  bool no_decay_bias_norm = false;         // no weight decay on biases and norm weights (optim/param_groups.h)
+  double momentum = 0.9;                   // SGD
+  bool nesterov = false;
+  std::string schedule = "cosine";         // constant | step | cosine | linear
+  int64_t warmup_steps = 0;
+  double label_smoothing = 0;              // classification loss
+  double clip_grad_norm = 0;               // 0: off
+  int threads = 0;                         // 0: all cores
+  int workers = 1;                         // data-loader threads
+  uint64_t seed = 0;
+  bool channels_last = true;
+  int64_t crop_padding = 0;                // augmentation
+  bool hflip = false;
+  DType precision = DType::F32;            // F32 | F16 | BF16 (autocast + GradScaler for F16)
+  bool master_weights = false;             // keep parameters in 16 bits with F32 masters in the optimizer
+  bool stochastic_rounding = false;        // BF16 master weights: round the model copy stochastically
+  std::string nan_policy = "stop";         // stop | skip: what to do with a non-finite loss without a scaler
+  int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)
+  int64_t synthetic_size = 2048;           // examples in the synthetic training split
+  int64_t eval_batch_size = 1000;
+  std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
+  std::string resume;                      // checkpoint to resume from
+  std::string memory_trace;                // record every allocation/free here (ampforge-memtrace v1)
+  bool progress = true;
+  bool verbose = true;                     // human summary on stderr
+  bool profile = false;                    // collect a profile (TrainResult::profile)
+  std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
+  std::string trace;                       // write a Chrome trace here (implies profile)
+  std::string device = "cpu";              // cpu | cuda | cuda:N
+  bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
+  int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
+};
+
+// Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.
+TrainResult train(const TrainConfig& cfg);
+
+// The learning rate the run uses (lr, or lr scaled by the batch when lr_reference_batch > 0).
+double effective_lr(const TrainConfig& cfg);
+
+// The optimizer the config names, over `model`'s parameters (in decay groups with no_decay_bias_norm).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model);
+
+}  // namespace ampforge::train
