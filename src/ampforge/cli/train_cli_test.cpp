@@ -51,6 +51,29 @@ TEST(TrainCli, HelpAndUsageErrors) {
   CmdResult bad = run("train --precision fp8 --no-progress");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("fp8"), std::string::npos);
+  for (const char* args : {"--accumulate 0", "--label-smoothing 1", "--lr-reference-batch -1", "--schedule nope"}) {
+    CmdResult r = run(std::string("train --dataset synthetic --no-progress ") + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
+    EXPECT_NE(r.out.find(flag == "--schedule" ? "schedule" : flag), std::string::npos) << args << "\n" << r.out;
+  }
+}
+
+TEST(TrainCli, AccumulationSmoothingAndDecayGroupsRun) {
+  const std::string cmd = kBin + " train --dataset synthetic --synthetic-size 256 --batch 16 --accumulate 4 "
+                          "--label-smoothing 0.1 --no-decay-bias-norm --schedule linear --warmup 1 "
+                          "--lr 5e-4 --lr-reference-batch 32 --epochs 1 --json --no-progress 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["steps"], 4) << "256 examples / (16 x 4) per step";
+  EXPECT_EQ(j["task"], "classification");
+  EXPECT_EQ(j["primary_metric"], "accuracy");
+  for (const char* k : {"loss", "accuracy", "top5_accuracy"}) EXPECT_TRUE(j["eval"].contains(k)) << k;
+  EXPECT_EQ(j["eval"]["accuracy"], j["test_accuracy"]);
 }
 
 TEST(InfoCli, SaysWhetherCudaIsUsableAndWhyNot) {
