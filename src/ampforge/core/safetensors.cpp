@@ -3,6 +3,8 @@
 // (static_assert below), so tensor bytes are copied as they are.
 #include "ampforge/core/safetensors.h"
 
+#include <atomic>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -202,7 +204,10 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   hdr.append((8 - hdr.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned (as the reference writer)
   const uint64_t hlen = hdr.size();
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  // Unique per process and per thread (two threads of one process may save the same path), and per call.
+  static std::atomic<uint64_t> serial{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}.{}", path, static_cast<long>(::getpid()),
+                                      static_cast<long>(::gettid()), serial.fetch_add(1));
   TmpFileGuard guard(tmp);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) AF_THROW(Io, "save_safetensors: cannot create '{}': {}", tmp, errno_text());

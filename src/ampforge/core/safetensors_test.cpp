@@ -4,6 +4,9 @@
 #include "ampforge/core/safetensors.h"
 
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -69,6 +72,14 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(a.nbytes())) == 0;
 }
 
+// Whether a temporary file of a save of `target` ("<target>.tmp.<pid>.<tid>.<n>") is left beside it.
+bool temporary_left(const std::string& target) {
+  const fs::path t(target);
+  const std::string prefix = t.filename().string() + ".tmp";
+  for (const auto& e : fs::directory_iterator(t.parent_path()))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return true;
+  return false;
+}
 }  // namespace
 
 TEST_F(Safetensors, RoundTripEveryDType) {
@@ -100,7 +111,7 @@ TEST_F(Safetensors, RoundTripEveryDType) {
   EXPECT_EQ(f.metadata, md);
   EXPECT_FALSE(f.contains("nope"));
   EXPECT_THROW(f.at("nope"), Error);
-  EXPECT_FALSE(fs::exists(path("a.safetensors") + fmt::format(".tmp.{}", ::getpid())));
+  EXPECT_FALSE(temporary_left(path("a.safetensors")));
 }
 
 TEST_F(Safetensors, HeaderIsStandard) {
@@ -273,7 +284,7 @@ TEST_F(Safetensors, FailedSaveLeavesOldFileIntact) {
   EXPECT_TRUE(threw);
   EXPECT_NE(msg.find("writing"), std::string::npos) << msg;
   EXPECT_EQ(read_bytes(p), before) << "the old file must be untouched";
-  EXPECT_FALSE(fs::exists(p + fmt::format(".tmp.{}", ::getpid()))) << "the temporary file must be removed";
+  EXPECT_FALSE(temporary_left(p)) << "the temporary file must be removed";
   EXPECT_EQ(load_safetensors(p).metadata.at("step"), "1");
 
   // 2) A failing rename: the target is a non-empty directory.
@@ -281,12 +292,31 @@ TEST_F(Safetensors, FailedSaveLeavesOldFileIntact) {
   fs::create_directories(fs::path(d) / "child");
   EXPECT_THROW(save_safetensors(d, {{"w", old}}), Error);
   EXPECT_TRUE(fs::is_directory(d));
-  EXPECT_FALSE(fs::exists(d + fmt::format(".tmp.{}", ::getpid())));
+  EXPECT_FALSE(temporary_left(d));
 
   // 3) A directory that does not exist: nothing is created anywhere.
   EXPECT_THROW(save_safetensors(path("no/such/dir/x.safetensors"), {{"w", old}}), Error);
 
-  // 4) A successful save replaces the file as a whole.
+  // 4) Two threads saving the same path at once: each uses its own temporary file, both succeed, and
+  //    the file holds one of the two complete saves.
+  {
+    std::vector<std::thread> savers;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < 2; ++t)
+      savers.emplace_back([&, t] {
+        try {
+          for (int i = 0; i < 20; ++i) save_safetensors(p, {{"w", ops::mul_scalar(old, 10.0 + t)}}, {{"step", "9"}});
+        } catch (const Error&) {
+          failures.fetch_add(1);
+        }
+      });
+    for (auto& th : savers) th.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(load_safetensors(p).metadata.at("step"), "9");
+    EXPECT_FALSE(temporary_left(p));
+  }
+
+  // 5) A successful save replaces the file as a whole.
   save_safetensors(p, {{"w", ops::mul_scalar(old, 2.0)}}, {{"step", "3"}});
   SafetensorsFile f = load_safetensors(p);
   EXPECT_EQ(f.metadata.at("step"), "3");

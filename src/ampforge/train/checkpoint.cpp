@@ -1,5 +1,13 @@
 #include "ampforge/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ampforge/core/safetensors.h"
@@ -7,6 +15,24 @@
 #include "ampforge/util/build_info.h"
 
 namespace ampforge::train {
+
+void check_checkpoint_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  AF_CHECK(!path.empty(), "--save: empty checkpoint path");
+  std::error_code ec;
+  AF_CHECK(!fs::is_directory(path, ec), "--save: '{}' is a directory; give a file name (e.g. {}/ckpt.safetensors)",
+           path, path);
+  // Probe the way a save writes: a new file beside the target (the save renames its temporary file there).
+  const std::string probe = fmt::format("{}.probe.{}.{}", path, static_cast<long>(::getpid()), static_cast<long>(::gettid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    AF_THROW(Io, "--save: cannot write checkpoints to '{}': {} (checked before training, so no run is lost)", path,
+             std::strerror(err));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
                      const CheckpointInfo& info) {

@@ -30,6 +30,11 @@ struct CheckpointInfo {
   std::string config_json;
 };
 
+// Throws Io naming the path and the reason when a checkpoint could not be written there (missing or
+// read-only directory, a directory given as the file); leaves nothing behind. The trainer calls it before
+// the first step, so a bad --save fails at once instead of after the run.
+void check_checkpoint_path(const std::string& path);
+
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
                      const CheckpointInfo& info);
 // Loads into model and optimizer; throws Io / InvalidArgument naming the file and the problem (corrupt,

@@ -177,6 +177,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     if (o_.verbose)
       log(LogLevel::Warn, "resumed from '{}' at epoch {}, step {}", o_.resume, pos.epoch + 1, pos.global_step);
   }
+  if (!o_.save.empty()) check_checkpoint_path(o_.save);
   auto save = [&](const CheckpointPosition& p) {
     if (o_.save.empty()) return;
     CheckpointInfo info;

@@ -1,6 +1,7 @@
 // Trainer: exact resume, checkpoint validation, NaN policy, mixed-precision smoke runs on synthetic data.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -207,4 +208,22 @@ TEST(Trainer, LearnsTheSyntheticTask) {
   train::TrainResult r = train::train(c);
   EXPECT_GT(r.test_accuracy, 0.5);  // 10 classes: chance is 0.1
   EXPECT_LT(r.losses.back(), r.losses.front());
+}
+
+TEST(Trainer, UnwritableCheckpointPathFailsBeforeTraining) {
+  for (const std::string bad : {tmp("no/such/dir/ckpt.safetensors").string(), tmp("").string()}) {
+    train::TrainConfig c = small_config();
+    c.save = bad;
+    c.epochs = 50;  // would take minutes if it trained first
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      train::train(c);
+      FAIL() << "accepted --save " << bad;
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.kind() == ErrorKind::Io || e.kind() == ErrorKind::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--save"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0)
+        << "the path must be checked before the first step";
+  }
 }
