@@ -132,10 +132,22 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   AF_CHECK(opt_.enabled, "GradScaler::load_state_dict: this scaler is disabled");
   AF_CHECK(!state.empty(), "GradScaler::load_state_dict: the source state dict is empty, possibly because it was "
                            "saved from a disabled GradScaler");
-  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker", "version"})
+  // PyTorch's GradScaler.state_dict() keys; "version" is ours and optional (a PyTorch state has none).
+  for (const char* k : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
     AF_CHECK(state.count(k), "GradScaler::load_state_dict: missing key '{}'", k);
-  AF_CHECK(state.at("version") == kStateVersion, "GradScaler::load_state_dict: state version {} is not supported "
-           "(this build reads version {})", state.at("version"), kStateVersion);
+  if (state.count("version"))
+    AF_CHECK(state.at("version") == kStateVersion, "GradScaler::load_state_dict: state version {} is not supported "
+             "(this build reads version {})", state.at("version"), kStateVersion);
+  const double scale = state.at("scale"), growth = state.at("growth_factor"), backoff = state.at("backoff_factor");
+  const double interval = state.at("growth_interval"), tracker = state.at("_growth_tracker");
+  AF_CHECK(std::isfinite(scale) && scale > 0, "GradScaler::load_state_dict: scale must be a positive finite number, "
+           "got {}", scale);
+  AF_CHECK(std::isfinite(growth) && growth > 1, "GradScaler::load_state_dict: growth_factor must be > 1, got {}", growth);
+  AF_CHECK(backoff > 0 && backoff < 1, "GradScaler::load_state_dict: backoff_factor must be in (0, 1), got {}", backoff);
+  AF_CHECK(interval >= 1 && interval <= 9.0e15 && interval == std::floor(interval),
+           "GradScaler::load_state_dict: growth_interval must be a positive integer, got {}", interval);
+  AF_CHECK(tracker >= 0 && tracker < interval && tracker == std::floor(tracker),
+           "GradScaler::load_state_dict: _growth_tracker must be an integer in [0, growth_interval), got {}", tracker);
   opt_.growth_factor = state.at("growth_factor");
   opt_.backoff_factor = state.at("backoff_factor");
   opt_.growth_interval = static_cast<int64_t>(state.at("growth_interval"));

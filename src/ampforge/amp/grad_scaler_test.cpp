@@ -140,6 +140,32 @@ TEST(GradScaler, StateDictRoundTripAndValidation) {
   EXPECT_THROW(b.load_state_dict({}), Error);
 }
 
+TEST(GradScaler, LoadsPyTorchStateDictsAndRejectsBadValues) {
+  // torch.cuda.amp.GradScaler().state_dict() after some steps: exactly these five keys, no "version".
+  const std::map<std::string, double> torch_sd{{"scale", 32768.0}, {"growth_factor", 2.0}, {"backoff_factor", 0.5},
+                                               {"growth_interval", 2000.0}, {"_growth_tracker", 17.0}};
+  amp::GradScaler b;
+  b.load_state_dict(torch_sd);
+  EXPECT_EQ(b.get_scale(), 32768.0);
+  EXPECT_EQ(b.growth_tracker(), 17);
+  const std::vector<std::pair<const char*, double>> bad{
+      {"scale", 0.0},           {"scale", -1.0},          {"scale", INFINITY},         {"scale", NAN},
+      {"growth_factor", 1.0},   {"growth_factor", NAN},   {"backoff_factor", 1.0},     {"backoff_factor", 0.0},
+      {"growth_interval", 0.0}, {"growth_interval", 2.5}, {"_growth_tracker", -1.0},   {"_growth_tracker", 2000.0},
+      {"_growth_tracker", 0.5}};
+  for (const auto& [key, value] : bad) {
+    auto sd = torch_sd;
+    sd[key] = value;
+    amp::GradScaler c;
+    try {
+      c.load_state_dict(sd);
+      ADD_FAILURE() << key << " = " << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GradScaler, LoadedStateWaitsForTheLossDevice) {
   // Loaded before any scale(): nothing is created yet (a resumed CUDA run must get its state on the GPU,
   // where the first scaled loss lives); the values are reported and used as soon as the state exists.
