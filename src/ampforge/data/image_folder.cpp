@@ -135,6 +135,9 @@ Image ImageFolderDataset::transformed(int64_t i, const ExampleContext& ctx) cons
     W = img.width;
   }
   const auto [h2, w2] = resize_.output_size(H, W);  // from the full-size image, however it was decoded
+  const CropBox box = center_.box(h2, w2);
+  if (box.top >= 0 && box.left >= 0 && box.top + box.height <= h2 && box.left + box.width <= w2)
+    return resize_window(img, h2, w2, box);  // the same pixels as CenterCrop(Resize(img)), only the crop computed
   return center_(resize(img, h2, w2));
 }
 

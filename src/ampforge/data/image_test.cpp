@@ -23,8 +23,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
+fs::path test_root() { return fs::temp_directory_path() / ("ampforge_image_test_" + std::to_string(::getpid())); }
+
+// Removes this process's fixture files when the test program ends.
+class RemoveFixtures : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(test_root(), ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveFixtures = ::testing::AddGlobalTestEnvironment(new RemoveFixtures);
+
 fs::path tmpdir(const std::string& sub) {
-  fs::path d = fs::temp_directory_path() / ("ampforge_image_test_" + std::to_string(::getpid())) / sub;
+  fs::path d = test_root() / sub;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

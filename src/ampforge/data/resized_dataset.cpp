@@ -2,6 +2,7 @@
 #include "ampforge/data/resized_dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "ampforge/data/transforms.h"
@@ -42,12 +43,33 @@ void ResizedDataset::get(int64_t i, float* dst, const ExampleContext& ctx) const
 }
 
 Normalization ResizedDataset::normalization() const {
-  Normalization n = base_->normalization();
-  if (base_c_ == 1 && channels_ > 1) {
-    if (n.mean.size() == 1) n.mean.assign(static_cast<size_t>(channels_), n.mean[0]);
-    if (n.std.size() == 1) n.std.assign(static_cast<size_t>(channels_), n.std[0]);
-  }
-  return n;
+  std::call_once(stats_once_, [this] {
+    const int64_t n = size(), plane = height_ * width_, count = std::min(n, kStatsExamples);
+    std::vector<double> s(static_cast<size_t>(channels_)), s2(static_cast<size_t>(channels_));
+    std::vector<float> x(static_cast<size_t>(channels_ * plane));
+    for (int64_t k = 0; k < count; ++k) {
+      get(k * n / count, x.data());
+      for (int64_t c = 0; c < channels_; ++c) {
+        double a = 0, b = 0;  // per example first, so that the sums keep their precision
+        for (int64_t q = 0; q < plane; ++q) {
+          const double v = x[static_cast<size_t>(c * plane + q)];
+          a += v;
+          b += v * v;
+        }
+        s[static_cast<size_t>(c)] += a;
+        s2[static_cast<size_t>(c)] += b;
+      }
+    }
+    const double total = static_cast<double>(count * plane);
+    stats_.mean.clear();
+    stats_.std.clear();
+    for (int64_t c = 0; c < channels_; ++c) {
+      const double m = s[static_cast<size_t>(c)] / total, var = s2[static_cast<size_t>(c)] / total - m * m;
+      stats_.mean.push_back(static_cast<float>(m));
+      stats_.std.push_back(static_cast<float>(std::sqrt(std::max(var, 1e-12))));
+    }
+  });
+  return stats_;
 }
 
 }  // namespace ampforge::data

@@ -4,8 +4,9 @@
 #include "ampforge/data/transforms.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "ampforge/core/generator.h"
 #include "ampforge/util/error.h"
@@ -179,6 +180,30 @@ Image resized_crop(const Image& src, const CropBoxF& b, int64_t height, int64_t 
   Image out(height, width, src.channels);
   const auto wy = axis_weights(b.top, b.top + b.height, height, clip_lo(b.top), clip_hi(b.top + b.height, src.height));
   const auto wx = axis_weights(b.left, b.left + b.width, width, clip_lo(b.left), clip_hi(b.left + b.width, src.width));
+  resample(src.pixels.data(), hwc(src), src.channels, wy, wx, out.pixels.data(), hwc(out));
+  return out;
+}
+
+Image resize_window(const Image& src, int64_t height, int64_t width, const CropBox& win) {
+  check_image(src, "resize_window");
+  check_size(height, width, "resize_window");
+  AF_CHECK(win.height > 0 && win.width > 0 && win.top >= 0 && win.left >= 0 && win.top + win.height <= height &&
+               win.left + win.width <= width,
+           "resize_window: the window (top {}, left {}, height {}, width {}) must lie inside the {} x {} result", win.top,
+           win.left, win.height, win.width, height, width);
+  // The full-size tables, cut to the window's rows and columns.
+  auto cut = [](AxisWeights a, int64_t first, int64_t n) {
+    AxisWeights c;
+    c.out = n;
+    c.ksize = a.ksize;
+    c.first.assign(a.first.begin() + first, a.first.begin() + first + n);
+    c.count.assign(a.count.begin() + first, a.count.begin() + first + n);
+    c.w.assign(a.w.begin() + first * a.ksize, a.w.begin() + (first + n) * a.ksize);
+    return c;
+  };
+  const auto wy = cut(axis_weights(0.0, static_cast<double>(src.height), height, 0, src.height), win.top, win.height);
+  const auto wx = cut(axis_weights(0.0, static_cast<double>(src.width), width, 0, src.width), win.left, win.width);
+  Image out(win.height, win.width, src.channels);
   resample(src.pixels.data(), hwc(src), src.channels, wy, wx, out.pixels.data(), hwc(out));
   return out;
 }

@@ -61,6 +61,9 @@ struct CropBoxF {
   double top = 0, left = 0, height = 0, width = 0;
 };
 Image resized_crop(const Image& src, const CropBoxF& box, int64_t height, int64_t width);
+// crop(resize(src, height, width), window) for a window inside the (height, width) result, computing only
+// the window's pixels (the eval path's Resize + CenterCrop in one pass).
+Image resize_window(const Image& src, int64_t height, int64_t width, const CropBox& window);
 // F.crop: the box, which may reach outside the image; pixels outside are 0 (torchvision pads with zeros).
 Image crop(const Image& src, const CropBox& box);
 // F.center_crop: the (height, width) box at torchvision's position (round((H - h) / 2), round((W - w) / 2)),
