@@ -169,12 +169,17 @@ Batch DataLoader::build(int64_t b) const {
   const uint64_t aug_key = epoch_key(opt_.seed, epoch_, 0xa06e47ULL);
   const uint64_t ex_key = epoch_key(opt_.seed, epoch_, kExampleSalt);
   std::vector<float> raw(static_cast<size_t>(per)), tmp(static_cast<size_t>(per));
+  const bool augment = opt_.crop_padding > 0 || opt_.hflip;
+  // Without the loader's crop/flip, a contiguous batch needs no staging: the dataset writes the example
+  // in place and it is normalised there (the same arithmetic, one pass less over the batch).
+  const bool in_place = !augment && !cl;
   for (int64_t k = 0; k < bs; ++k) {
     const int64_t idx = order_[begin + k];
-    ds_->get(idx, raw.data(), ExampleContext{example_key_in(ex_key, idx), epoch_, idx});
+    float* dst = xp + k * per;
+    ds_->get(idx, in_place ? dst : raw.data(), ExampleContext{example_key_in(ex_key, idx), epoch_, idx});
     yp[k] = ds_->label(idx);
-    const float* src = raw.data();
-    if (opt_.crop_padding > 0 || opt_.hflip) {
+    const float* src = in_place ? dst : raw.data();
+    if (augment) {
       auto w = philox4x32(aug_key, static_cast<uint64_t>(idx));
       const int64_t p = opt_.crop_padding;
       const int64_t dy = p > 0 ? static_cast<int64_t>(w[0] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
@@ -188,7 +193,6 @@ Batch DataLoader::build(int64_t b) const {
           }
       src = tmp.data();
     }
-    float* dst = xp + k * per;
     if (cl) {
       for (int64_t c = 0; c < C; ++c) {
         const float m = mean[static_cast<size_t>(c)], is = inv_std[static_cast<size_t>(c)];

@@ -4,8 +4,11 @@
 // the synthetic data set at ImageNet size.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "ampforge/core/generator.h"
@@ -107,6 +110,39 @@ TEST(ImageTransforms, BilinearIsPilsTriangleFilterAntialiasedWhenDownscaling) {
   for (const CropBox& w : {CropBox{0, 0, 37, 29}, CropBox{3, 5, 20, 18}, CropBox{8, 4, 24, 24}})
     EXPECT_EQ(resize_window(q, 37, 29, w).pixels, crop(resize(q, 37, 29), w).pixels);
   EXPECT_THROW(resize_window(q, 37, 29, CropBox{20, 0, 24, 24}), Error);
+}
+
+TEST(ImageTransforms, MatchPilWithinOneLevel) {
+  // Golden files from PIL (scripts/gen_image_golden.py): the source PNG (written by PIL's encoder, decoded by
+  // ours) resized, crop-resized and eval-transformed as torchvision does on PIL images. PIL rounds to 8 bits
+  // between its horizontal and vertical passes; we round once, so values may differ by one level.
+  const std::filesystem::path dir = std::filesystem::path(AMPFORGE_TEST_DATA_DIR) / "images";
+  const Image src = decode_image_file((dir / "source.png").string());
+  ASSERT_EQ(src.width, 64);
+  ASSERT_EQ(src.height, 48);
+  std::ifstream f(dir / "cases.json");
+  ASSERT_TRUE(f) << "missing " << (dir / "cases.json");
+  const auto cases = nlohmann::json::parse(f)["cases"];
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& c : cases) {
+    const std::string name = c["name"], op = c["op"];
+    const int64_t h = c["height"], w = c["width"];
+    Image ours;
+    if (op == "resize") {
+      ours = resize(src, h, w);
+    } else if (op == "resized_crop") {
+      const auto b = c["box"];
+      ours = resized_crop(src, CropBox{b[0], b[1], b[2], b[3]}, h, w);
+    } else {
+      ASSERT_EQ(op, "eval");
+      ours = CenterCrop(c["crop"].get<int64_t>())(Resize(c["resize"].get<int64_t>())(src));
+    }
+    const std::vector<uint8_t> ref = read_file_bytes((dir / (name + ".rgb")).string());
+    ASSERT_EQ(ours.pixels.size(), ref.size()) << name;
+    int worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(int{ours.pixels[i]} - int{ref[i]}));
+    EXPECT_LE(worst, name == "resize_64x48" ? 0 : 1) << name;
+  }
 }
 
 TEST(ImageTransforms, CenterCropGivesKnownPixels) {
