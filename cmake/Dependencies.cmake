@@ -8,6 +8,14 @@
 #  - zlib: gzip-compressed IDX files (Fashion-MNIST ships .gz).
 #  - SLEEF (libsleef-dev): vectorised exp/log/tanh/erf for the CPU elementwise and softmax kernels (the
 #    same library PyTorch's CPU kernels vectorise with). Optional: without it those loops call std::.
+#  - libjpeg-turbo through the libjpeg API (libjpeg62-turbo-dev) and libpng (libpng-dev): JPEG and PNG
+#    decoding for image-folder datasets (data/image.cpp). The libjpeg API rather than TurboJPEG
+#    (libturbojpeg0-dev): it tells which warning fired (msg_code), so a truncated file is refused while
+#    harmless corruption warnings are not, and it says whether a CMYK file carries the Adobe marker
+#    (inverted CMYK), which TurboJPEG 2.1's API does not expose. Speed is the same (one libjpeg-turbo SIMD
+#    decoder underneath, DCT-domain downscaling in both); the price is libjpeg's setjmp/longjmp error
+#    contract, handled once in data/image.cpp. libpng: the reference PNG decoder (PIL links it too); its
+#    low-level API does the palette, grayscale and 16-bit conversions.
 #  - GoogleTest / Google Benchmark: tests and micro-benchmarks.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
@@ -17,6 +25,8 @@ find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(ZLIB REQUIRED)
+find_package(JPEG REQUIRED)
+find_package(PNG REQUIRED)
 find_package(Threads REQUIRED)
 if(AMPFORGE_BUILD_TESTS)
   find_package(GTest REQUIRED)

@@ -5,6 +5,7 @@
 
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/data/transforms.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/timer.h"
 
@@ -16,14 +17,23 @@ uint64_t epoch_key(uint64_t seed, int64_t epoch, uint64_t salt) {
   auto w = philox4x32(seed ^ salt, static_cast<uint64_t>(epoch));
   return (static_cast<uint64_t>(w[0]) << 32) | w[1];
 }
+constexpr uint64_t kExampleSalt = 0xe7a3b1eULL;  // the datasets' per-example keys
+uint64_t example_key_in(uint64_t epoch_example_key, int64_t index) {
+  auto w = philox4x32(epoch_example_key, static_cast<uint64_t>(index));
+  return (static_cast<uint64_t>(w[0]) << 32) | w[1];
+}
 }  // namespace
+
+uint64_t example_key(uint64_t seed, int64_t epoch, int64_t index) {
+  return example_key_in(epoch_key(seed, epoch, kExampleSalt), index);
+}
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt) : ds_(std::move(dataset)), opt_(opt) {
   AF_CHECK(ds_ != nullptr, "DataLoader: no dataset");
   AF_CHECK(opt_.batch_size > 0, "DataLoader: batch size must be positive, got {}", opt_.batch_size);
   AF_CHECK(opt_.workers >= 0 && opt_.workers <= 64, "DataLoader: workers must be in [0, 64], got {}", opt_.workers);
   AF_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch must be >= 1");
-  AF_CHECK(opt_.std > 0, "DataLoader: normalisation std must be positive");
+  Normalize(opt_.mean, opt_.std).check_channels(ds_->example_shape().empty() ? 1 : ds_->example_shape()[0], "DataLoader");
   AF_CHECK(opt_.crop_padding >= 0, "DataLoader: crop padding must be >= 0");
   if (opt_.format == MemoryFormat::ChannelsLast)
     AF_CHECK(ds_->example_shape().size() == 3, "DataLoader: channels-last needs (C, H, W) examples");
@@ -147,15 +157,29 @@ Batch DataLoader::build(int64_t b) const {
   float* xp = x.data<float>();
   int64_t* yp = y.data<int64_t>();
   const bool cl = opt_.format == MemoryFormat::ChannelsLast && C > 1;
-  const float mean = opt_.normalize ? opt_.mean : 0.0f, inv_std = opt_.normalize ? 1.0f / opt_.std : 1.0f;
+  // Per channel: (x - mean) * (1 / std), the arithmetic of Normalize (transforms.h).
+  std::vector<float> mean(static_cast<size_t>(C), 0.0f), inv_std(static_cast<size_t>(C), 1.0f);
+  if (opt_.normalize) {
+    const Normalize norm(opt_.mean, opt_.std);
+    for (int64_t c = 0; c < C; ++c) {
+      mean[static_cast<size_t>(c)] = norm.mean(c);
+      inv_std[static_cast<size_t>(c)] = norm.inv_std(c);
+    }
+  }
   const uint64_t aug_key = epoch_key(opt_.seed, epoch_, 0xa06e47ULL);
+  const uint64_t ex_key = epoch_key(opt_.seed, epoch_, kExampleSalt);
   std::vector<float> raw(static_cast<size_t>(per)), tmp(static_cast<size_t>(per));
+  const bool augment = opt_.crop_padding > 0 || opt_.hflip;
+  // Without the loader's crop/flip, a contiguous batch needs no staging: the dataset writes the example
+  // in place and it is normalised there (the same arithmetic, one pass less over the batch).
+  const bool in_place = !augment && !cl;
   for (int64_t k = 0; k < bs; ++k) {
     const int64_t idx = order_[begin + k];
-    ds_->get(idx, raw.data());
+    float* dst = xp + k * per;
+    ds_->get(idx, in_place ? dst : raw.data(), ExampleContext{example_key_in(ex_key, idx), epoch_, idx});
     yp[k] = ds_->label(idx);
-    const float* src = raw.data();
-    if (opt_.crop_padding > 0 || opt_.hflip) {
+    const float* src = in_place ? dst : raw.data();
+    if (augment) {
       auto w = philox4x32(aug_key, static_cast<uint64_t>(idx));
       const int64_t p = opt_.crop_padding;
       const int64_t dy = p > 0 ? static_cast<int64_t>(w[0] % static_cast<uint32_t>(2 * p + 1)) - p : 0;
@@ -169,12 +193,16 @@ Batch DataLoader::build(int64_t b) const {
           }
       src = tmp.data();
     }
-    float* dst = xp + k * per;
     if (cl) {
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t q = 0; q < plane; ++q) dst[q * C + c] = (src[c * plane + q] - mean) * inv_std;
+      for (int64_t c = 0; c < C; ++c) {
+        const float m = mean[static_cast<size_t>(c)], is = inv_std[static_cast<size_t>(c)];
+        for (int64_t q = 0; q < plane; ++q) dst[q * C + c] = (src[c * plane + q] - m) * is;
+      }
     } else {
-      for (int64_t q = 0; q < per; ++q) dst[q] = (src[q] - mean) * inv_std;
+      for (int64_t c = 0; c < C; ++c) {
+        const float m = mean[static_cast<size_t>(c)], is = inv_std[static_cast<size_t>(c)];
+        for (int64_t q = c * plane; q < (c + 1) * plane; ++q) dst[q] = (src[q] - m) * is;
+      }
     }
   }
   if (uploader_) {

@@ -1,8 +1,11 @@
-// DataLoader: seeded shuffling, batching, normalisation, augmentation (random crop with zero padding,
-// horizontal flip) and background worker threads that prefetch batches in order.
+// DataLoader: seeded shuffling, batching, per-channel normalisation, augmentation (random crop with zero
+// padding, horizontal flip) and background worker threads that prefetch batches in order. Examples are read
+// with Dataset::get(i, dst, ExampleContext) on the worker threads, so a dataset's own decoding and
+// transforms (data/image_folder.h) run there too.
 //
 // Determinism: the order of an epoch depends only on (seed, epoch); the augmentation of an example only
-// on (seed, epoch, example index). The number of workers changes speed, never the data.
+// on (seed, epoch, example index): the loader's crop/flip and the key it hands the dataset
+// (example_key). The number of workers changes speed, never the data.
 //
 // Device batches (LoaderOptions::device on CUDA): each worker builds the batch on the CPU and queues its
 // upload on the device's copy stream through page-locked staging buffers (cuda::Uploader), so the copy of
@@ -44,12 +47,18 @@ struct LoaderOptions {
   int workers = 1;   // background threads; 0 builds batches on the calling thread
   int prefetch = 2;  // batches ready ahead of the consumer
   bool normalize = true;
-  float mean = 0.0f, std = 1.0f;  // normalisation constants (use the training split's)
+  // Normalisation constants, one per channel or one for every channel (use the training split's, e.g.
+  // Dataset::normalization()): x = (x - mean[c]) * (1 / std[c]).
+  std::vector<float> mean{0.0f}, std{1.0f};
   int64_t crop_padding = 0;       // > 0: random crop after zero padding by this many pixels
   bool hflip = false;
   MemoryFormat format = MemoryFormat::Contiguous;
   Device device = kCPU;  // where batches are delivered (CUDA: uploaded on the copy stream, see above)
 };
+
+// The key the loader passes to Dataset::get in ExampleContext::key for example `index` in `epoch`: a function
+// of (seed, epoch, index) only, independent of the loader's own crop/flip stream.
+uint64_t example_key(uint64_t seed, int64_t epoch, int64_t index);
 
 class DataLoader {
  public:

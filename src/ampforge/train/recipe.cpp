@@ -122,13 +122,13 @@ TrainResult train(const TrainConfig& cfg) {
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
   const Datasets ds = make_datasets(cfg);
 
-  const auto [mean, stdv] = ds.train->normalization();
+  const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch_size;
   lo.seed = cfg.seed;
   lo.workers = cfg.workers;
-  lo.mean = mean;
-  lo.std = stdv;
+  lo.mean = norm.mean;
+  lo.std = norm.std;
   lo.crop_padding = cfg.crop_padding;
   lo.hflip = cfg.hflip;
   lo.format = cfg.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
