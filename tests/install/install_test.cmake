@@ -153,8 +153,13 @@ if(PKG_CONFIG)
   run("pkg-config --libs ${static_flag} ampforge" ${PKG_CONFIG} --libs ${static_flag} ampforge)
   separate_arguments(libs UNIX_COMMAND "${out}")
   set(app ${WORK_DIR}/pkg_config_app)
-  run("compiling and linking with pkg-config's flags" ${LAUNCHER} ${CXX_COMPILER} -std=c++20 ${cflags}
-      ${SOURCE_DIR}/tests/install/pkg_config_app.cpp -o ${app} ${libs})
+  if(SHARED)  # run it from the prefix without LD_LIBRARY_PATH
+    list(APPEND libs -Wl,-rpath,${prefix}/${LIBDIR})
+  endif()
+  # Compile (through the launcher: ccache caches compiles, not links), then link.
+  run("compiling with pkg-config's --cflags" ${LAUNCHER} ${CXX_COMPILER} -std=c++20 ${cflags}
+      -c ${SOURCE_DIR}/tests/install/pkg_config_app.cpp -o ${app}.o)
+  run("linking with pkg-config's --libs" ${CXX_COMPILER} ${app}.o -o ${app} ${libs})
   run("running the program linked through pkg-config" ${app})
   if(NOT out MATCHES "ampforge [0-9.]+: sum 6")
     message(FATAL_ERROR "install test: unexpected output of the pkg-config program:\n${out}")

@@ -2,7 +2,7 @@
 // ampforge.pc: a matmul (OpenBLAS) and a reduction through the public headers of the installed library.
 #include <cstdio>
 
-#include "ampforge/ampforge.h"
+#include "ampforge/autograd/functions.h"
 #include "ampforge/util/build_info.h"
 
 namespace af = ampforge;
