@@ -87,3 +87,96 @@ if(AMPFORGE_WITH_CUDA)
   message(STATUS "ampforge: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
 endif()
 message(STATUS "ampforge: CUDA backend ${AMPFORGE_WITH_CUDA}")
+
+# cuDNN (conv2d and its backward ops, backends/cuda/conv.cpp): looked for beside the toolkit (where the
+# tarball or the distribution packages put it) and in the system paths; version 9 or later (the status
+# codes conv.cpp reads). Found: AMPFORGE_WITH_CUDNN is ON and src/CMakeLists.txt links it shared. Not found:
+# the backend still builds; conv.cpp then registers no kernel (conv2d on CUDA raises NotImplemented) and
+# `ampforge info` says so. -DAMPFORGE_CUDNN_LIBRARY=... and -DAMPFORGE_CUDNN_INCLUDE_DIR=... point at
+# another installation.
+set(AMPFORGE_WITH_CUDNN OFF)
+if(AMPFORGE_WITH_CUDA)
+  find_path(AMPFORGE_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_TARGET_DIR}/include)
+  find_library(AMPFORGE_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_TARGET_DIR}/lib64
+               ${CUDAToolkit_TARGET_DIR}/lib)
+  set(_af_cudnn_major 0)
+  if(AMPFORGE_CUDNN_INCLUDE_DIR AND EXISTS ${AMPFORGE_CUDNN_INCLUDE_DIR}/cudnn_version.h)
+    file(STRINGS ${AMPFORGE_CUDNN_INCLUDE_DIR}/cudnn_version.h _af_cudnn_major_line REGEX "^#define CUDNN_MAJOR ")
+    string(REGEX REPLACE "^#define CUDNN_MAJOR +([0-9]+).*" "\\1" _af_cudnn_major "${_af_cudnn_major_line}")
+  endif()
+  if(AMPFORGE_CUDNN_INCLUDE_DIR AND AMPFORGE_CUDNN_LIBRARY AND _af_cudnn_major GREATER_EQUAL 9)
+    set(AMPFORGE_WITH_CUDNN ON)
+    message(STATUS "ampforge: cuDNN ${_af_cudnn_major} (${AMPFORGE_CUDNN_LIBRARY})")
+  else()
+    message(STATUS "ampforge: cuDNN >= 9 not found: conv2d will have no CUDA kernel")
+  endif()
+endif()
+
+# ---------------------------------------------------------------------------------------------------------
+# What the installed package needs found again (cmake/Install.cmake turns this list into the
+# find_dependency() calls of ampforgeConfig.cmake and the Requires/Libs lines of ampforge.pc). One entry per
+# dependency that libampforge links; PUBLIC ones (in the link interface of every build) are found by every
+# consumer, PRIVATE ones only when libampforge is static (a shared libampforge carries them itself).
+#   FIND <package> [args...]  find_dependency(<package> args...) in the config: the package that provides the
+#                             imported target linked in src/CMakeLists.txt (ZLIB for ZLIB::ZLIB)
+#   PKG <prefix> <module>     pkg_check_modules(<prefix> IMPORTED_TARGET <module>) in the config
+#                             (PkgConfig::<prefix>), and <module> in Requires(.private) of ampforge.pc
+#   PC <module>...            pkg-config modules for Requires(.private) of ampforge.pc
+#   FILE <path>               a library linked by path: the config checks it is still there; on Libs(.private)
+#   LIBS <flags>...           flags for Libs(.private) of ampforge.pc (libraries without a .pc file)
+# A new private dependency of libampforge (find_package + target_link_libraries(ampforge PRIVATE ...)) adds
+# one line here, e.g. ampforge_package_dependency(PRIVATE FIND JPEG PC libjpeg). The install test
+# (tests/install/) fails when an entry is missing: the examples then do not configure or link.
+function(ampforge_package_dependency scope)
+  cmake_parse_arguments(PARSE_ARGV 1 dep "" "FILE" "FIND;PKG;PC;LIBS")
+  if(NOT scope MATCHES "^(PUBLIC|PRIVATE)$" OR dep_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "ampforge_package_dependency(${scope} ${ARGN}): expected PUBLIC|PRIVATE and FIND/PKG/PC/FILE/LIBS")
+  endif()
+  set(code "")
+  set(pc ${dep_PC})
+  if(dep_FIND)
+    list(JOIN dep_FIND " " args)
+    string(APPEND code "find_dependency(${args})\n")
+  endif()
+  if(dep_PKG)
+    list(GET dep_PKG 0 prefix)
+    list(GET dep_PKG 1 module)
+    string(APPEND code "find_dependency(PkgConfig)\n"
+                       "pkg_check_modules(${prefix} QUIET IMPORTED_TARGET ${module})\n"
+                       "if(NOT ${prefix}_FOUND)\n"
+                       "  set(ampforge_NOT_FOUND_MESSAGE \"pkg-config module ${module} (PkgConfig::${prefix}) not found\")\n"
+                       "  set(ampforge_FOUND FALSE)\n  return()\nendif()\n")
+    list(APPEND pc ${module})
+  endif()
+  set(libs ${dep_LIBS})
+  if(dep_FILE)
+    string(APPEND code "if(NOT EXISTS \"${dep_FILE}\")\n"
+                       "  set(ampforge_NOT_FOUND_MESSAGE \"${dep_FILE}, which libampforge was linked with, is missing\")\n"
+                       "  set(ampforge_FOUND FALSE)\n  return()\nendif()\n")
+    list(APPEND libs ${dep_FILE})
+  endif()
+  set_property(GLOBAL APPEND_STRING PROPERTY AMPFORGE_CONFIG_${scope} "${code}")
+  set_property(GLOBAL APPEND PROPERTY AMPFORGE_PC_REQUIRES_${scope} ${pc})
+  set_property(GLOBAL APPEND PROPERTY AMPFORGE_PC_LIBS_${scope} ${libs})
+endfunction()
+
+ampforge_package_dependency(PUBLIC  FIND fmt PC fmt)
+ampforge_package_dependency(PUBLIC  FIND nlohmann_json 3.10 PC nlohmann_json)
+ampforge_package_dependency(PUBLIC  FIND Threads LIBS -pthread)
+ampforge_package_dependency(PRIVATE PKG OPENBLAS openblas)
+ampforge_package_dependency(PRIVATE FIND ZLIB PC zlib)
+ampforge_package_dependency(PRIVATE FIND JPEG PC libjpeg)
+ampforge_package_dependency(PRIVATE FIND PNG PC libpng)
+if(SLEEF_FOUND)
+  ampforge_package_dependency(PRIVATE PKG SLEEF sleef)
+endif()
+if(CMAKE_DL_LIBS)
+  ampforge_package_dependency(PRIVATE LIBS -l${CMAKE_DL_LIBS})
+endif()
+if(AMPFORGE_WITH_CUDA)  # CUDA::cudart, CUDA::cublasLt (shared)
+  ampforge_package_dependency(PRIVATE FIND CUDAToolkit ${CUDAToolkit_VERSION_MAJOR}
+                              LIBS -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublasLt)
+endif()
+if(AMPFORGE_WITH_CUDNN)
+  ampforge_package_dependency(PRIVATE FILE ${AMPFORGE_CUDNN_LIBRARY})
+endif()

@@ -1,10 +1,12 @@
-// The whole public API in one include.
+// The whole public API in one include. Installed as <prefix>/include/ampforge/ampforge.h; self-contained
+// (examples/*.cpp include nothing else of ampforge, and the install test builds them against an installation).
 #pragma once
 
 #include "ampforge/amp/autocast.h"
 #include "ampforge/amp/grad_scaler.h"
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/core/tensor.h"
@@ -14,12 +16,14 @@
 #include "ampforge/data/image_folder.h"
 #include "ampforge/data/resized_dataset.h"
 #include "ampforge/data/transforms.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/models/models.h"
 #include "ampforge/nn/layers.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/optim/lr_scheduler.h"
 #include "ampforge/optim/param_groups.h"
+#include "ampforge/profiler/profiler.h"
 #include "ampforge/tasks/classification.h"
 #include "ampforge/tasks/task.h"
 #include "ampforge/train/recipe.h"

@@ -1,9 +1,11 @@
-// `ampforge info`: what this build contains (backends, kernels per device, threads).
+// `ampforge info`: what this build contains (backends, kernels per device, threads, the CUPTI injection library).
 #include <cstdio>
+#include <string>
 
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/dispatch.h"
+#include "ampforge/profiler/device.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/thread_pool.h"
 
@@ -31,6 +33,15 @@ Command add_info_command(CLI::App& app) {
                             static_cast<long long>(v % 10000 / 100), static_cast<long long>(v % 100));
               else
                 std::printf("cuDNN: not in this build (conv2d has no CUDA kernel)\n");
+            }
+            if (const std::string lib = profiler::cupti_injection_library(); !lib.empty()) {
+              std::printf("CUPTI injection library: %s\n", lib.c_str());
+            } else if (const auto looked = profiler::cupti_injection_candidates(); !looked.empty()) {
+              std::string where;
+              for (const std::string& c : looked) where += (where.empty() ? "" : ", ") + c;
+              std::printf("CUPTI injection library: not found (looked for %s)\n", where.c_str());
+            } else {
+              std::printf("CUPTI injection library: not in this build\n");
             }
             return 0;
           }};

@@ -1,10 +1,14 @@
 #include "ampforge/profiler/device.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -43,12 +47,38 @@ CudaPresence probe_cuda() {
   return cached;
 }
 
+std::vector<std::string> cupti_injection_candidates() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("AMPFORGE_CUPTI_INJECTION"); env != nullptr && *env != '\0') out.emplace_back(env);
+#ifdef AMPFORGE_CUPTI_INJECTION_PATH
+  namespace fs = std::filesystem;
+  auto add = [&out](const fs::path& p) {
+    std::string s = p.lexically_normal().string();
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
+  };
+  // A shared libampforge: its own directory (an installation's lib/). The link map of the object holding
+  // this function has an empty name when that object is the program (a static libampforge).
+  Dl_info info{};
+  link_map* map = nullptr;
+  if (::dladdr1(reinterpret_cast<void*>(&cupti_injection_candidates), &info, reinterpret_cast<void**>(&map),
+                RTLD_DL_LINKMAP) != 0 && map != nullptr && map->l_name != nullptr && map->l_name[0] == '/')
+    add(fs::path(map->l_name).parent_path() / AMPFORGE_CUPTI_INJECTION_NAME);
+  // The program's <bin>/../lib (an installed bin/ampforge, or a program installed beside it).
+  std::error_code ec;
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec && !exe.empty())
+    add(exe.parent_path() / AMPFORGE_BIN_TO_LIB / AMPFORGE_CUPTI_INJECTION_NAME);
+  add(fs::path(AMPFORGE_INSTALL_FULL_LIBDIR) / AMPFORGE_CUPTI_INJECTION_NAME);  // the configured prefix
+  add(AMPFORGE_CUPTI_INJECTION_PATH);                                          // this build tree
+#endif
+  return out;
+}
+
 std::string cupti_injection_library() {
   if (const char* env = std::getenv("AMPFORGE_CUPTI_INJECTION"); env != nullptr && *env != '\0') return env;
-#ifdef AMPFORGE_CUPTI_INJECTION_PATH
-  struct stat st {};
-  if (::stat(AMPFORGE_CUPTI_INJECTION_PATH, &st) == 0) return AMPFORGE_CUPTI_INJECTION_PATH;
-#endif
+  for (const std::string& c : cupti_injection_candidates()) {
+    struct stat st {};
+    if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return c;
+  }
   return "";
 }
 

@@ -4,6 +4,9 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "ampforge/autograd/functions.h"
@@ -129,6 +132,47 @@ TEST(Profiler, CuptiInjectionLibraryBuiltWhenCudaIsPresent) {
   EXPECT_FALSE(cupti_headers) << "CUPTI headers are installed but the injection library was not built";
   GTEST_SKIP() << "no CUDA toolkit with CUPTI at build time";
 #endif
+}
+
+// Where the injection library is looked for: an installation's lib/ (relative to the program, so that an
+// installed bin/ampforge finds the installed library wherever the prefix is) before this build tree's path;
+// $AMPFORGE_CUPTI_INJECTION first of all, and returned even when the file does not exist.
+TEST(Profiler, CuptiInjectionSearchOrder) {
+  const char* saved = std::getenv("AMPFORGE_CUPTI_INJECTION");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("AMPFORGE_CUPTI_INJECTION");
+  const std::vector<std::string> c = cupti_injection_candidates();
+#ifdef AMPFORGE_CUPTI_INJECTION
+  namespace fs = std::filesystem;
+  const fs::path built = AMPFORGE_CUPTI_INJECTION;
+  const fs::path exe = fs::read_symlink("/proc/self/exe");
+  auto index = [&c](const fs::path& p) {
+    return std::find(c.begin(), c.end(), p.lexically_normal().string()) - c.begin();
+  };
+  const auto n = static_cast<std::ptrdiff_t>(c.size());
+  const std::ptrdiff_t in_build = index(built), beside_program = index(exe.parent_path() / ".." / "lib" / built.filename());
+  EXPECT_LT(in_build, n) << "the build tree's library is a candidate";
+  EXPECT_LT(beside_program, n) << "<program>/../lib is a candidate";
+  // Program-relative before the build tree (equal here: this test binary sits in <build>/tests/, so
+  // <exe>/../lib is the build's lib/ and the two are one entry).
+  EXPECT_LE(beside_program, in_build);
+  for (std::ptrdiff_t i = 0; i < n; ++i) {
+    EXPECT_EQ(fs::path(c[i]).filename(), built.filename()) << c[i];
+    EXPECT_TRUE(fs::path(c[i]).is_absolute()) << c[i];
+  }
+#else
+  EXPECT_TRUE(c.empty());
+#endif
+  ::setenv("AMPFORGE_CUPTI_INJECTION", "/nonexistent/libinjection.so", 1);
+  const std::vector<std::string> with_env = cupti_injection_candidates();
+  const std::string chosen = cupti_injection_library();
+  if (saved != nullptr)
+    ::setenv("AMPFORGE_CUPTI_INJECTION", saved_value.c_str(), 1);
+  else
+    ::unsetenv("AMPFORGE_CUPTI_INJECTION");
+  ASSERT_FALSE(with_env.empty());
+  EXPECT_EQ(with_env.front(), "/nonexistent/libinjection.so");
+  EXPECT_EQ(chosen, "/nonexistent/libinjection.so");
 }
 
 }  // namespace
