@@ -15,9 +15,11 @@ inline std::string peer_python() {
   return env ? env : "/usr/bin/python3";
 }
 
-// Runs the peer with `args`; nullopt (with a note on stderr) when torch is not available.
-inline std::optional<nlohmann::json> run_peer(const std::string& args) {
-  const std::string cmd = peer_python() + " " + AMPFORGE_SOURCE_DIR "/bench/peer/torch_peer.py " + args + " 2>/dev/null";
+// Runs the peer script (bench/peer/<script>) with `args`; nullopt (with a note on stderr) when torch is not
+// available.
+inline std::optional<nlohmann::json> run_peer(const std::string& args, const std::string& script = "torch_peer.py") {
+  const std::string cmd =
+      peer_python() + " " + AMPFORGE_SOURCE_DIR "/bench/peer/" + script + " " + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;

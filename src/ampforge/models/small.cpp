@@ -25,9 +25,11 @@ nn::ModulePtr small_cnn(const ModelOptions& o) {
 
 namespace {
 
-class BasicBlock : public Module {
+// Not models::BasicBlock (resnet.h): the same tree, but Conv2d's default init and its own draw order, which
+// resnet-small's results were measured with.
+class SmallBasicBlock : public Module {
  public:
-  BasicBlock(int64_t in, int64_t out, int64_t stride) : Module("BasicBlock") {
+  SmallBasicBlock(int64_t in, int64_t out, int64_t stride) : Module("BasicBlock") {
     Conv2dOptions c3;
     c3.stride = stride;
     c3.padding = 1;
@@ -66,10 +68,11 @@ class SmallResNet : public Module {
     stem = register_module("stem", std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
                                        std::make_shared<Conv2d>(o.in_channels, 16, 3, c),
                                        std::make_shared<BatchNorm2d>(16), std::make_shared<ReLU>()}));
+    using Block = SmallBasicBlock;
     layers = register_module("layers", std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
-                                           std::make_shared<BasicBlock>(16, 16, 1), std::make_shared<BasicBlock>(16, 16, 1),
-                                           std::make_shared<BasicBlock>(16, 32, 2), std::make_shared<BasicBlock>(32, 32, 1),
-                                           std::make_shared<BasicBlock>(32, 64, 2), std::make_shared<BasicBlock>(64, 64, 1)}));
+                                           std::make_shared<Block>(16, 16, 1), std::make_shared<Block>(16, 16, 1),
+                                           std::make_shared<Block>(16, 32, 2), std::make_shared<Block>(32, 32, 1),
+                                           std::make_shared<Block>(32, 64, 2), std::make_shared<Block>(64, 64, 1)}));
     pool = register_module("pool", std::make_shared<AdaptiveAvgPool2d>(1, 1));
     fc = register_module("fc", std::make_shared<Linear>(64, o.num_classes));
   }
@@ -85,13 +88,5 @@ class SmallResNet : public Module {
 }  // namespace
 
 nn::ModulePtr small_resnet(const ModelOptions& o) { return std::make_shared<SmallResNet>(o); }
-
-std::vector<std::string> names() { return {"cnn", "resnet-small"}; }
-
-nn::ModulePtr create(const std::string& name, const ModelOptions& opt) {
-  if (name == "cnn") return small_cnn(opt);
-  if (name == "resnet-small") return small_resnet(opt);
-  AF_THROW(InvalidArgument, "unknown model '{}': available models are cnn, resnet-small", name);
-}
 
 }  // namespace ampforge::models

@@ -14,8 +14,17 @@ std::pair<int64_t, int64_t> fans(const Tensor& w) {
   return {w.size(1) * receptive, w.size(0) * receptive};
 }
 
+namespace {
+thread_local bool t_skip_init = false;
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : prev_(t_skip_init) { t_skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { t_skip_init = prev_; }
+bool SkipInitGuard::active() { return t_skip_init; }
+
 // Initialisers write in place into parameters: no graph, and the version bump is expected.
 void uniform_(const Tensor& t, double low, double high, Generator* gen) {
+  if (t_skip_init) return;
   autograd::NoGradGuard ng;
   if (t.is_contiguous()) {
     ops::uniform_(t, low, high, gen);
@@ -25,6 +34,7 @@ void uniform_(const Tensor& t, double low, double high, Generator* gen) {
 }
 
 void normal_(const Tensor& t, double mean, double std, Generator* gen) {
+  if (t_skip_init) return;
   autograd::NoGradGuard ng;
   if (t.is_contiguous()) {
     ops::normal_(t, mean, std, gen);
@@ -33,8 +43,12 @@ void normal_(const Tensor& t, double mean, double std, Generator* gen) {
   }
 }
 
-void zeros_(const Tensor& t) { ops::fill_(t, 0.0); }
-void ones_(const Tensor& t) { ops::fill_(t, 1.0); }
+void zeros_(const Tensor& t) {
+  if (!t_skip_init) ops::fill_(t, 0.0);
+}
+void ones_(const Tensor& t) {
+  if (!t_skip_init) ops::fill_(t, 1.0);
+}
 
 void kaiming_uniform_(const Tensor& w, double a, Generator* gen) {
   const double fan_in = static_cast<double>(fans(w).first);

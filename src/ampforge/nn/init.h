@@ -7,6 +7,22 @@
 
 namespace ampforge::nn::init {
 
+// While a SkipInitGuard lives, this thread's initialisers below leave tensors as they are (uninitialised
+// memory from Tensor::empty) and draw nothing from any generator. For building a model only to inspect
+// its structure (parameter counts, state-dict names), as Hugging Face's no_init_weights; the values of a
+// model built under it are garbage. Guards nest.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 // fan_in, fan_out of a weight: (out, in) for linear, (out, in/groups, kh, kw) for conv.
 std::pair<int64_t, int64_t> fans(const Tensor& w);
 void uniform_(const Tensor& t, double low, double high, Generator* gen = nullptr);

@@ -1,8 +1,9 @@
 #include "ampforge/nn/module.h"
 
-#include <set>
+#include <fmt/ranges.h>
 
 #include "ampforge/autograd/node.h"
+#include "ampforge/nn/state_dict.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::nn {
@@ -61,26 +62,18 @@ NamedTensors Module::state_dict() const {
 }
 
 void Module::load_state_dict(const NamedTensors& state, bool strict) {
-  NamedTensors mine = state_dict();
-  std::map<std::string, Tensor> given(state.begin(), state.end());
-  std::set<std::string> used;
-  autograd::NoGradGuard ng;
-  for (auto& [name, t] : mine) {
-    auto it = given.find(name);
-    if (it == given.end()) {
-      AF_CHECK(!strict, "load_state_dict: missing key '{}' (the checkpoint was saved from a different model?)", name);
-      continue;
-    }
-    AF_CHECK(it->second.shape() == t.shape(),
-             "load_state_dict: shape mismatch for '{}': the model has {}, the state has {} (the checkpoint was "
-             "saved from a different model configuration?)", name, t.shape().str(), it->second.shape().str());
-    ops::copy_(t, ops::to_device(it->second, t.device()));
-    used.insert(name);
+  if (!strict) {
+    // Missing and unexpected keys are fine here; a mis-shaped one is not (nn::load_state_dict reports it).
+    const LoadReport r = compare_state_dict(*this, state);
+    std::vector<std::string> bad;
+    for (const auto& m : r.mismatched_keys)
+      bad.push_back(fmt::format("'{}': the model has {}, the state has {}", m.key, m.expected.str(), m.found.str()));
+    AF_CHECK(bad.empty(), "load_state_dict: shape mismatch for {} (the checkpoint was saved from a different model "
+             "configuration?)", fmt::join(bad, "; "));
   }
-  if (strict) {
-    for (auto& [name, t] : state)
-      AF_CHECK(used.count(name), "load_state_dict: unexpected key '{}' (not in this {} model)", name, type_name_);
-  }
+  LoadOptions opt;
+  opt.strict = strict;
+  nn::load_state_dict(*this, state, opt);
 }
 
 int64_t Module::num_parameters() const {

@@ -34,8 +34,10 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedTensors named_buffers() const;
   // Parameters and buffers, as torch's state_dict (same names for the same architecture).
   NamedTensors state_dict() const;
-  // Copies values in. strict: every entry must exist on both sides with the same shape; otherwise only
-  // matching names are loaded. Errors name the key and both shapes. dtypes are converted.
+  // Copies values in. strict: every entry must exist on both sides with the same shape, else one error
+  // lists every missing, unexpected and mis-shaped key and nothing is loaded; otherwise only matching names
+  // are loaded, but a mis-shaped key is still an error. dtypes are converted. For a report of what loaded
+  // (and skipping mis-shaped keys) see nn/state_dict.h.
   void load_state_dict(const NamedTensors& state, bool strict = true);
   int64_t num_parameters() const;
 

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Generates the ResNet parity goldens from torchvision (Debian's python3-torch 1.13 + python3-torchvision 0.14).
+
+usage: /usr/bin/python3 scripts/gen_resnet_golden.py OUT_DIR        (OUT_DIR: tests/data/models)
+Writes
+  resnet_parity.safetensors   torchvision's numbers for ResNet-18 and ResNet-50 (below), ~0.6 MB
+  resnet_parity.json          what was generated, how, and with which versions (readable)
+  torchvision_state_dicts.json  torchvision's exact state-dict keys, shapes and dtypes, in order, for
+                              resnet18, resnet50 and resnext50_32x4d (ampforge's resnet_test.cpp compares)
+Called by scripts/gen_golden.sh; commit the three files. The C++ test (src/ampforge/models/
+resnet_parity_test.cpp) never runs Python.
+
+Weights are not stored (ResNet-50's are 100 MB). Both sides compute them, and the input, from one integer
+formula that numpy (uint64 arithmetic) and C++ evaluate bit-identically:
+
+  splitmix64(z):  z += 0x9E3779B97F4A7C15; z = (z ^ z>>30) * 0xBF58476D1CE4E5B9;
+                  z = (z ^ z>>27) * 0x94D049BB133111EB; return z ^ z>>31          (mod 2^64)
+  u(s, i)      =  (2 * (splitmix64(s * 2^40 + i) >> 40) + 1 - 2^24) / 2^24  in (-1, 1), exact in F32
+  value        =  float32(c + a * u(s, i)) computed in float64 (c, a per tensor, below)
+
+  s = 1 + the tensor's index in state_dict() order; i = the element's row-major index.
+  conv weight (4-D)           c 0, a = sqrt(6 / fan_in)         (Kaiming-uniform variance 2 / fan_in)
+  linear weight (2-D)         c 0, a = 1 / sqrt(in_features)    (nn.Linear's bound)
+  bias beside a 2-D weight    c 0, a = 1 / sqrt(in_features)
+  BN weight / bias            c 0.25, a 0.05 / c 0.1, a 0.05 (why: below)
+  BN running_mean / _var      c 0, a 0.1  / c 1, a 0.5
+  num_batches_tracked         0
+  input x (2, 3, 64, 64)      s = 2^20, c 0, a 1
+  labels y (2)                splitmix64((2^20 + 1) * 2^40 + i) mod 1000
+
+Why BN weights around 0.25 and biases around +0.1 (not torchvision's 1 and 0): with weights ~1 and biases
+~0 the problem itself is ill-conditioned at this size: PyTorch's own F32 gradients of ResNet-50 differ from
+its F64 gradients by up to 8% of a tensor's largest gradient (train-mode BN over few positions cancels,
+ReLUs near 0 flip under rounding), so no two F32 implementations could agree to a rounding-derived
+tolerance. With 0.25 / +0.1 (small residual-branch scales, as trained ResNets have) PyTorch's F32 gradients
+match its F64 ones to 5e-5 (ResNet-50) and 1.5e-5 (ResNet-18) of the tensor's max, while the network is
+the same code. BF16 gradients stay noise-dominated on both sides (PyTorch's BF16 vs F64: errors around
+1x the tensor's max gradient), which is why resnet_parity_test.cpp checks BF16 gradients for accuracy
+against the F32 answer relative to PyTorch's BF16, not elementwise.
+
+Recorded per model, in F32 and under torch.autocast("cpu", torch.bfloat16) ("bf16"):
+  <model>.<prec>.logits_eval    eval-mode logits of the initial weights (no grad)
+  <model>.<prec>.logits_train   train-mode logits (batch statistics)
+  <model>.<prec>.loss           cross-entropy of logits_train and y (mean)
+  <model>.<prec>.grad_sum / grad_abs_sum / grad_l2 / grad_absmax   (P,) F64 per parameter, named_parameters order
+  <model>.<prec>.grad_index     (P, 32) I64 sample positions (splitmix64(s * 2^40 + 2^39 + k) mod numel)
+  <model>.<prec>.grad_sample    (P, 32) F32 the gradient at those positions
+  <model>.<prec>.running_mean / running_var   every BN's statistics after the train-mode forward, concatenated
+  <model>.<prec>.num_batches_tracked          every BN's counter (I64)
+  <model>.weight_sum            (S,) F64 sum of each state tensor's hashed values (checks the formula)
+  <model>.x_sum                 () F64 sum of the input
+"""
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_golden import write_safetensors  # noqa: E402  (the same ~20-line numpy writer)
+
+U64 = np.uint64
+M64 = (1 << 64) - 1
+INPUT_STREAM = 1 << 20
+LABEL_STREAM = INPUT_STREAM + 1
+SAMPLE_OFFSET = 1 << 39
+SAMPLES = 32
+BATCH, CHANNELS, SIZE, CLASSES = 2, 3, 64, 1000
+MODELS = ["resnet18", "resnet50"]
+SHAPE_MODELS = ["resnet18", "resnet50", "resnext50_32x4d"]
+
+
+def splitmix64(z):
+    """z: np.uint64 array; wraps mod 2^64 like the C++ side."""
+    z = z + U64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+def hash_unit(stream, n):
+    i = np.arange(n, dtype=np.uint64)
+    h = splitmix64(U64(stream << 40) + i)
+    return (2.0 * (h >> U64(40)).astype(np.float64) + 1.0 - 2.0 ** 24) / 2.0 ** 24
+
+
+def hashed(stream, shape, c, a):
+    n = int(np.prod(shape)) if len(shape) else 1
+    return (c + a * hash_unit(stream, n)).astype(np.float32).reshape(shape)
+
+
+def init_rule(name, shape, state_shapes):
+    """(c, a) for a state tensor, or None for num_batches_tracked. Mirrors resnet_parity_test.cpp."""
+    prefix, leaf = name.rsplit(".", 1) if "." in name else ("", name)
+    if leaf == "num_batches_tracked":
+        return None
+    if len(shape) == 4:
+        return 0.0, math.sqrt(6.0 / (shape[1] * shape[2] * shape[3]))
+    if len(shape) == 2:
+        return 0.0, 1.0 / math.sqrt(shape[1])
+    w = state_shapes.get(prefix + ".weight")
+    if leaf == "bias" and w is not None and len(w) == 2:
+        return 0.0, 1.0 / math.sqrt(w[1])
+    return {"weight": (0.25, 0.05), "bias": (0.1, 0.05), "running_mean": (0.0, 0.1), "running_var": (1.0, 0.5)}[leaf]
+
+
+def set_hashed_weights(model):
+    sd = model.state_dict()
+    shapes = {k: list(v.shape) for k, v in sd.items()}
+    sums = []
+    with torch.no_grad():
+        for idx, (name, t) in enumerate(sd.items()):
+            rule = init_rule(name, list(t.shape), shapes)
+            if rule is None:
+                t.zero_()
+                sums.append(0.0)
+                continue
+            v = hashed(idx + 1, list(t.shape), *rule)
+            t.copy_(torch.from_numpy(v))
+            sums.append(float(v.astype(np.float64).sum()))
+    return np.array(sums, dtype=np.float64)
+
+
+def make_input():
+    x = hashed(INPUT_STREAM, [BATCH, CHANNELS, SIZE, SIZE], 0.0, 1.0)
+    h = splitmix64(U64(LABEL_STREAM << 40) + np.arange(BATCH, dtype=np.uint64))
+    y = (h % U64(CLASSES)).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def sample_index(stream, numel):
+    h = splitmix64(U64(stream << 40) + U64(SAMPLE_OFFSET) + np.arange(SAMPLES, dtype=np.uint64))
+    return (h % U64(numel)).astype(np.int64)
+
+
+def bn_layers(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+
+
+def run(model_name, bf16):
+    model = getattr(torchvision.models, model_name)(num_classes=CLASSES)
+    weight_sum = set_hashed_weights(model)
+    x, y = make_input()
+    sd_names = list(model.state_dict().keys())
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
+    model.eval()
+    with torch.no_grad(), ctx:
+        logits_eval = model(x).float()
+    model.train()
+    with ctx:
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+    loss.backward()
+    out = {"logits_eval": logits_eval, "logits_train": logits.detach().float(), "loss": loss.detach().float()}
+    sums, abs_sums, l2s, maxes, idxs, samples = [], [], [], [], [], []
+    for name, p in model.named_parameters():
+        g = p.grad.detach().double().reshape(-1)
+        sums.append(g.sum().item())
+        abs_sums.append(g.abs().sum().item())
+        l2s.append(g.norm().item())
+        maxes.append(g.abs().max().item())
+        ix = sample_index(sd_names.index(name) + 1, g.numel())
+        idxs.append(ix)
+        samples.append(p.grad.detach().reshape(-1)[torch.from_numpy(ix)].float())
+    out["grad_sum"] = torch.tensor(sums, dtype=torch.float64)
+    out["grad_abs_sum"] = torch.tensor(abs_sums, dtype=torch.float64)
+    out["grad_l2"] = torch.tensor(l2s, dtype=torch.float64)
+    out["grad_absmax"] = torch.tensor(maxes, dtype=torch.float64)
+    out["grad_index"] = torch.from_numpy(np.stack(idxs))
+    out["grad_sample"] = torch.stack(samples)
+    bns = bn_layers(model)
+    out["running_mean"] = torch.cat([m.running_mean.detach().float() for m in bns])
+    out["running_var"] = torch.cat([m.running_var.detach().float() for m in bns])
+    out["num_batches_tracked"] = torch.stack([m.num_batches_tracked.detach() for m in bns])
+    info = {"parameters": [n for n, _ in model.named_parameters()], "state_dict": sd_names,
+            "loss": loss.item(), "labels": y.tolist(),
+            "logits_train_absmax": logits.detach().abs().max().item(),
+            "logits_eval_absmax": logits_eval.abs().max().item()}
+    return out, weight_sum, float(x.double().sum().item()), info
+
+
+def state_dict_shapes(model_name):
+    model = getattr(torchvision.models, model_name)()
+    return [{"key": k, "shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+            for k, v in model.state_dict().items()]
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir = Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    tensors, manifest = [], {"generator": "scripts/gen_resnet_golden.py", "torch": torch.__version__,
+                             "torchvision": torchvision.__version__, "numpy": np.__version__,
+                             "date": datetime.date.today().isoformat(),
+                             "input": [BATCH, CHANNELS, SIZE, SIZE], "classes": CLASSES, "samples": SAMPLES,
+                             "models": {}}
+    for name in MODELS:
+        entry = {}
+        for prec, bf16 in (("f32", False), ("bf16", True)):
+            out, weight_sum, x_sum, info = run(name, bf16)
+            for k, v in out.items():
+                tensors.append((f"{name}.{prec}.{k}", v))
+            entry[prec] = {k: info[k] for k in ("loss", "labels", "logits_train_absmax", "logits_eval_absmax")}
+            entry["parameters"] = info["parameters"]
+            entry["state_dict"] = info["state_dict"]
+        tensors.append((f"{name}.weight_sum", torch.from_numpy(weight_sum)))
+        tensors.append((f"{name}.x_sum", torch.tensor(x_sum, dtype=torch.float64)))
+        manifest["models"][name] = entry
+    write_safetensors(out_dir / "resnet_parity.safetensors", tensors,
+                      {"generator": "scripts/gen_resnet_golden.py", "torch": torch.__version__,
+                       "torchvision": torchvision.__version__})
+    (out_dir / "resnet_parity.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    shapes = {"generator": "scripts/gen_resnet_golden.py", "torchvision": torchvision.__version__,
+              "models": {m: state_dict_shapes(m) for m in SHAPE_MODELS}}
+    (out_dir / "torchvision_state_dicts.json").write_text(json.dumps(shapes, indent=0) + "\n")
+    for name in MODELS:
+        print(f"{name}: f32 loss {manifest['models'][name]['f32']['loss']:.6f}, "
+              f"bf16 loss {manifest['models'][name]['bf16']['loss']:.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+// The built-in model entries and the registry's lookups (see registry.h).
+#include "ampforge/models/registry.h"
+
+#include "ampforge/models/models.h"
+#include "ampforge/nn/init.h"
+
+namespace ampforge::models {
+
+void ModelRegistry::add(ModelEntry e) {
+  AF_CHECK(!e.name.empty(), "ModelRegistry::add: a model needs a name");
+  AF_CHECK(find(e.name) == nullptr, "ModelRegistry::add: model '{}' is already registered", e.name);
+  AF_CHECK(static_cast<bool>(e.build), "ModelRegistry::add: model '{}' has no build function", e.name);
+  entries_.push_back(std::move(e));
+}
+
+const ModelEntry* ModelRegistry::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const ModelEntry& ModelRegistry::at(const std::string& name) const {
+  if (const ModelEntry* e = find(name)) return *e;
+  std::string known;
+  for (const auto& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
+  AF_THROW(InvalidArgument, "unknown model '{}': available models are {} (`ampforge models` lists them)", name, known);
+}
+
+std::vector<std::string> ModelRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+namespace {
+
+// torchvision's ImageNet configuration: 3x224x224 inputs, 1000 classes.
+ModelOptions imagenet() {
+  ModelOptions o;
+  o.in_channels = 3;
+  o.num_classes = 1000;
+  o.image_size = 224;
+  return o;
+}
+
+ResNetOptions resnet_options(const ModelOptions& m) {
+  ResNetOptions r;
+  r.in_channels = m.in_channels;
+  r.num_classes = m.num_classes;
+  return r;
+}
+
+using ResNetFactory = std::shared_ptr<ResNet> (*)(ResNetOptions);
+
+template <ResNetFactory F>
+nn::ModulePtr build_resnet(const ModelOptions& m) {
+  return F(resnet_options(m));
+}
+
+// resnet18..152 take a const reference; these adapters give the five one signature for the table below.
+std::shared_ptr<ResNet> r18(ResNetOptions o) { return resnet18(o); }
+std::shared_ptr<ResNet> r34(ResNetOptions o) { return resnet34(o); }
+std::shared_ptr<ResNet> r50(ResNetOptions o) { return resnet50(o); }
+std::shared_ptr<ResNet> r101(ResNetOptions o) { return resnet101(o); }
+std::shared_ptr<ResNet> r152(ResNetOptions o) { return resnet152(o); }
+
+}  // namespace
+
+void register_builtin_models(ModelRegistry& r) {
+  const ModelOptions small{};  // 1x28x28, 10 classes (Fashion-MNIST)
+  r.add({"cnn", "classification", "small CNN: 2x (conv3x3-BN-ReLU-maxpool), linear 128, linear (Fashion-MNIST baseline)",
+         small, [](const ModelOptions& o) { return small_cnn(o); }, {}});
+  r.add({"resnet-small", "classification", "small ResNet for 28x28: 3 stages of 2 BasicBlocks (16/32/64 channels)",
+         small, [](const ModelOptions& o) { return small_resnet(o); }, {}});
+  const ModelOptions in1k = imagenet();
+  r.add({"resnet18", "classification", "ResNet-18 (torchvision): BasicBlocks 2-2-2-2", in1k, build_resnet<r18>, {}});
+  r.add({"resnet34", "classification", "ResNet-34 (torchvision): BasicBlocks 3-4-6-3", in1k, build_resnet<r34>, {}});
+  r.add({"resnet50", "classification", "ResNet-50 v1.5 (torchvision): Bottlenecks 3-4-6-3", in1k, build_resnet<r50>,
+         {}});
+  r.add({"resnet101", "classification", "ResNet-101 v1.5 (torchvision): Bottlenecks 3-4-23-3", in1k,
+         build_resnet<r101>, {}});
+  r.add({"resnet152", "classification", "ResNet-152 v1.5 (torchvision): Bottlenecks 3-8-36-3", in1k,
+         build_resnet<r152>, {}});
+  r.add({"resnext50_32x4d", "classification", "ResNeXt-50 32x4d (torchvision): ResNet-50 with 32 groups of width 4",
+         in1k, build_resnet<resnext50_32x4d>, {}});
+  r.add({"resnext101_32x8d", "classification", "ResNeXt-101 32x8d (torchvision): ResNet-101 with 32 groups of width 8",
+         in1k, build_resnet<resnext101_32x8d>, {}});
+  r.add({"resnext101_64x4d", "classification", "ResNeXt-101 64x4d (torchvision): ResNet-101 with 64 groups of width 4",
+         in1k, build_resnet<resnext101_64x4d>, {}});
+  r.add({"wide_resnet50_2", "classification", "Wide ResNet-50-2 (torchvision): ResNet-50 with 2x wide 3x3 convs",
+         in1k, build_resnet<wide_resnet50_2>, {}});
+  r.add({"wide_resnet101_2", "classification", "Wide ResNet-101-2 (torchvision): ResNet-101 with 2x wide 3x3 convs",
+         in1k, build_resnet<wide_resnet101_2>, {}});
+}
+
+const ModelRegistry& model_registry() {
+  static const ModelRegistry registry = [] {
+    ModelRegistry r;
+    register_builtin_models(r);
+    return r;
+  }();
+  return registry;
+}
+
+std::vector<ParameterCount> parameter_counts(const ModelEntry& e) {
+  nn::init::SkipInitGuard skip;
+  if (e.counts) return e.counts();
+  return {{"parameters", e.build(e.defaults)->num_parameters()}};
+}
+
+nn::ModulePtr create(const std::string& name, const ModelOptions& opt) { return model_registry().at(name).build(opt); }
+
+std::vector<std::string> names() { return model_registry().names(); }
+
+}  // namespace ampforge::models
