@@ -26,9 +26,20 @@ Command add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   auto& c = flags->cfg;
   auto* sub = app.add_subcommand("train", "Train a model (default: the small CNN on Fashion-MNIST, 5 epochs)");
-  sub->add_option("--model", c.model, "Model: cnn | resnet-small")->capture_default_str();
-  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | synthetic")->capture_default_str();
-  sub->add_option("--data-dir", c.data_dir, "Directory with the IDX files (default: /usr/share/datasets/<dataset>)");
+  sub->add_option("--model", c.model, "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ...")
+      ->capture_default_str();
+  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | image-folder | synthetic")
+      ->capture_default_str();
+  sub->add_option("--data-dir", c.data_dir,
+                  "IDX files (default: /usr/share/datasets/<dataset>), or for image-folder a directory with train/ "
+                  "and val/ holding one sub-folder of JPEG/PNG files per class");
+  sub->add_option("--image-size", c.image_size,
+                  "Square image size (0: the data set's own; image folders 224). Gray data are resized and repeated "
+                  "to 3 channels for 3-channel models")
+      ->capture_default_str();
+  sub->add_option("--weights", c.weights,
+                  "Initialise the model from this safetensors file by state-dict name (e.g. torchvision weights "
+                  "converted by scripts/torchvision_to_safetensors.py); a mis-shaped head is reported and kept");
   sub->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
   sub->add_option("--batch", c.batch_size, "Batch size (per micro-batch with --accumulate)")->capture_default_str();
   sub->add_option("--accumulate", c.accumulate,
@@ -70,6 +81,7 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--seed", c.seed, "Random seed")->capture_default_str();
   sub->add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (checkpoint if --save)");
   sub->add_option("--synthetic-size", c.synthetic_size, "Examples in the synthetic data set")->capture_default_str();
+  sub->add_option("--synthetic-classes", c.synthetic_classes, "Classes of the synthetic data set")->capture_default_str();
   sub->add_option("--crop-padding", c.crop_padding, "Augmentation: random crop after padding (pixels)")->capture_default_str();
   sub->add_flag("--hflip", c.hflip, "Augmentation: random horizontal flips");
   sub->add_flag("--no-channels-last", flags->no_channels_last, "Use NCHW activations instead of channels-last");

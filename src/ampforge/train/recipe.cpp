@@ -5,7 +5,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/core/generator.h"
+#include <filesystem>
+
 #include "ampforge/data/dataset.h"
+#include "ampforge/data/image_folder.h"
+#include "ampforge/data/resized_dataset.h"
+#include "ampforge/models/registry.h"
+#include "ampforge/nn/state_dict.h"
+#include <cstdio>
 #include "ampforge/memory/global.h"
 #include "ampforge/models/models.h"
 #include "ampforge/optim/adamw.h"
@@ -22,8 +29,14 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
   AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
-  AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic",
-           "--dataset must be fashion-mnist, mnist or synthetic, got '{}'", c.dataset);
+  AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic" ||
+               c.dataset == "image-folder",
+           "--dataset must be fashion-mnist, mnist, image-folder or synthetic, got '{}'", c.dataset);
+  AF_CHECK(c.dataset != "image-folder" || !c.data_dir.empty(),
+           "--dataset image-folder needs --data-dir DIR (with DIR/train and DIR/val, one sub-folder per class)");
+  AF_CHECK(c.image_size == 0 || (c.image_size >= 8 && c.image_size <= 4096), "--image-size must be 0 (the data "
+           "set's own) or in [8, 4096], got {}", c.image_size);
+  AF_CHECK(c.synthetic_classes >= 1, "--synthetic-classes must be >= 1, got {}", c.synthetic_classes);
   AF_CHECK(c.threads >= 0 && c.threads <= 1024, "--threads must be in [0, 1024], got {}", c.threads);
   AF_CHECK(c.workers >= 0 && c.workers <= 64, "--workers must be in [0, 64], got {}", c.workers);
   AF_CHECK(!c.stochastic_rounding || (c.master_weights && c.precision == DType::BF16),
@@ -46,7 +59,8 @@ Device parse_device(const std::string& s) {
 
 nlohmann::json config_json(const TrainConfig& c) {
   const char* prec = c.precision == DType::F32 ? "fp32" : c.precision == DType::F16 ? "fp16" : "bf16";
-  return {{"model", c.model},           {"dataset", c.dataset},       {"epochs", c.epochs},
+  return {{"model", c.model},           {"dataset", c.dataset},       {"image_size", c.image_size},
+          {"epochs", c.epochs},
           {"batch_size", c.batch_size}, {"accumulate", c.accumulate}, {"lr", effective_lr(c)},
           {"optimizer", c.optimizer},   {"weight_decay", c.weight_decay},
           {"no_decay_bias_norm", c.no_decay_bias_norm}, {"schedule", c.schedule},
@@ -60,18 +74,45 @@ struct Datasets {
   std::shared_ptr<data::Dataset> train, test;
 };
 
-Datasets make_datasets(const TrainConfig& cfg) {
+// The data sets the config names, shaped for a model that takes `channels`-channel images.
+Datasets make_datasets(const TrainConfig& cfg, int64_t channels) {
+  namespace fs = std::filesystem;
   Datasets d;
   if (cfg.dataset == "synthetic") {
-    d.train = std::make_shared<data::SyntheticDataset>(cfg.synthetic_size, Shape{1, 28, 28}, 10, cfg.seed + 1);
-    d.test = std::make_shared<data::SyntheticDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1), Shape{1, 28, 28},
-                                                      10, cfg.seed + 2);
+    const int64_t s = cfg.image_size > 0 ? cfg.image_size : 28;
+    const Shape shape{channels, s, s};
+    d.train = std::make_shared<data::SyntheticDataset>(cfg.synthetic_size, shape, cfg.synthetic_classes, cfg.seed + 1);
+    d.test = std::make_shared<data::SyntheticDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1), shape,
+                                                      cfg.synthetic_classes, cfg.seed + 2);
+  } else if (cfg.dataset == "image-folder") {
+    const int64_t s = cfg.image_size > 0 ? cfg.image_size : 224;
+    const fs::path root(cfg.data_dir), train_dir = root / "train";
+    const fs::path eval_dir = fs::is_directory(root / "val") ? root / "val" : root / "test";
+    AF_CHECK(fs::is_directory(train_dir), "--data-dir {}: no 'train' folder (expected DIR/train/<class>/<image> and "
+             "DIR/val/<class>/<image>)", cfg.data_dir);
+    AF_CHECK(fs::is_directory(eval_dir), "--data-dir {}: no 'val' (or 'test') folder for evaluation", cfg.data_dir);
+    auto train = std::make_shared<data::ImageFolderDataset>(train_dir.string(), data::ImageFolderOptions::train_defaults(s));
+    auto test = std::make_shared<data::ImageFolderDataset>(eval_dir.string(), data::ImageFolderOptions::eval_defaults(s));
+    AF_CHECK(train->classes() == test->classes(), "--data-dir {}: the class folders of train ({}) and {} ({}) differ",
+             cfg.data_dir, train->classes().size(), eval_dir.filename().string(), test->classes().size());
+    AF_CHECK(channels == 3, "--dataset image-folder gives RGB images; --model {} takes {} channel(s)", cfg.model,
+             channels);
+    d.train = train;
+    d.test = test;
   } else {
     const std::string dir = !cfg.data_dir.empty() ? cfg.data_dir
                             : cfg.dataset == "fashion-mnist" ? data::kDefaultFashionMnistDir
                                                              : "/usr/share/datasets/mnist";
-    d.train = std::make_shared<data::MnistDataset>(dir, true, cfg.dataset);
-    d.test = std::make_shared<data::MnistDataset>(dir, false, cfg.dataset);
+    std::shared_ptr<data::Dataset> train = std::make_shared<data::MnistDataset>(dir, true, cfg.dataset);
+    std::shared_ptr<data::Dataset> test = std::make_shared<data::MnistDataset>(dir, false, cfg.dataset);
+    const int64_t native = train->example_shape()[1];
+    const int64_t s = cfg.image_size > 0 ? cfg.image_size : native;
+    if (s != native || channels != 1) {  // e.g. 3 x 32 x 32 for the torchvision ResNets
+      train = std::make_shared<data::ResizedDataset>(train, channels, s);
+      test = std::make_shared<data::ResizedDataset>(test, channels, s);
+    }
+    d.train = train;
+    d.test = test;
   }
   return d;
 }
@@ -120,7 +161,8 @@ TrainResult train(const TrainConfig& cfg) {
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   manual_seed(cfg.seed);
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
-  const Datasets ds = make_datasets(cfg);
+  const models::ModelEntry& entry = models::model_registry().at(cfg.model);
+  const Datasets ds = make_datasets(cfg, entry.defaults.in_channels);
 
   const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;
@@ -142,7 +184,17 @@ TrainResult train(const TrainConfig& cfg) {
   mo.in_channels = ds.train->example_shape()[0];
   mo.num_classes = ds.train->num_classes();
   mo.image_size = ds.train->example_shape()[1];
-  nn::ModulePtr model = models::create(cfg.model, mo);
+  nn::ModulePtr model = entry.build(mo);
+  if (!cfg.weights.empty()) {
+    // Not strict: a classifier for another number of classes keeps its own head (reported), as in
+    // fine-tuning; everything else must match by name and shape.
+    nn::LoadOptions lopt;
+    lopt.strict = false;
+    const nn::LoadReport rep = nn::load_safetensors(*model, cfg.weights, lopt);
+    AF_CHECK(!rep.loaded_keys.empty(), "--weights {}: no tensor matches --model {} ({})", cfg.weights, cfg.model,
+             rep.str());
+    if (cfg.verbose) std::fprintf(stderr, "weights %s: %s\n", cfg.weights.c_str(), rep.str().c_str());
+  }
 
   tasks::ClassificationOptions co;
   co.label_smoothing = cfg.label_smoothing;

@@ -18,8 +18,13 @@ namespace ampforge::train {
 
 struct TrainConfig {
   std::string model = "cnn";
-  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | synthetic
+  // fashion-mnist | mnist (IDX files) | image-folder (data_dir/train and data_dir/val or /test, one
+  // sub-folder per class, as ImageNet) | synthetic. Gray data sets are resized to image_size and repeated to
+  // the model's channels when the model takes 3 (the torchvision ResNets).
+  std::string dataset = "fashion-mnist";
   std::string data_dir;                    // default: Debian's install dir for the dataset
+  int64_t image_size = 0;                  // 0: the data set's own (28 for MNIST; 224 for image folders)
+  std::string weights;                     // initialise the model from this safetensors file, by name
   int64_t epochs = 5;
   int64_t batch_size = 128;
   int64_t accumulate = 1;                  // micro-batches per optimizer step
@@ -48,6 +53,7 @@ struct TrainConfig {
   std::string nan_policy = "stop";         // stop | skip: what to do with a non-finite loss without a scaler
   int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)
   int64_t synthetic_size = 2048;           // examples in the synthetic training split
+  int64_t synthetic_classes = 10;          // classes of the synthetic data set
   int64_t eval_batch_size = 1000;
   std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
   std::string resume;                      // checkpoint to resume from
