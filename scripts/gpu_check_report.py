@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Small, bounded summaries for scripts/gpu-check (the summary file must stay short; logs go in the tarball).
 
-    gpu_check_report.py suites JUNIT_XML [JSON_OUT]   per-suite passed/failed/skipped, failures with their message
+    gpu_check_report.py suites JUNIT_XML [JSON_OUT] [--brief]   per-suite passed/failed/skipped (--brief: only
+                                                     suites with failures or skips), failures with their message
     gpu_check_report.py parity GTEST_STDOUT            worst CUDA-vs-CPU ratios per dtype (AMPFORGE_PARITY_VERBOSE)
     gpu_check_report.py train TSV                      the training table, CUDA beside the CPU reference
     gpu_check_report.py trainrow JSON MODEL DEVICE PRECISION GRAPHS EXIT   one TSV row from `train --json`
@@ -31,7 +32,7 @@ def first_failure_line(text):
     return lines[-1].strip()[:240] if lines else ""
 
 
-def suites(path, json_out=None):
+def suites(path, json_out=None, brief=False):
     try:
         root = ET.parse(path).getroot()
     except (ET.ParseError, OSError) as e:
@@ -58,6 +59,8 @@ def suites(path, json_out=None):
     tot = {k: sum(c[k] for c in counts.values()) for k in ("passed", "failed", "skipped")}
     print(f"  total: {tot['passed']} passed, {tot['failed']} failed, {tot['skipped']} skipped")
     for s, c in counts.items():
+        if brief and not c["failed"] and not c["skipped"]:
+            continue
         flag = "  FAIL" if c["failed"] else ""
         print(f"  {s:<48} {c['passed']:>4} passed {c['failed']:>4} failed {c['skipped']:>4} skipped "
               f"{c['seconds']:7.1f}s{flag}")
@@ -142,7 +145,8 @@ def main(argv):
         return 2
     what = argv[1]
     if what == "suites":
-        return suites(argv[2], argv[3] if len(argv) > 3 else None)
+        rest = [a for a in argv[3:] if a != "--brief"]
+        return suites(argv[2], rest[0] if rest else None, "--brief" in argv[3:])
     if what == "parity":
         return parity(argv[2])
     if what == "train":

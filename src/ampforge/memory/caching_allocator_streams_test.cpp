@@ -134,9 +134,9 @@ TEST(CachingAllocatorStreams, MovingAGranuleWaitsForItsStreamEvenOnTheSameStream
   FakeGpu gpu;
   CachingAllocator a(gpu, PolicyConfig::ampforge(), &gpu);
   ASSERT_TRUE(a.uses_expandable_segments());
-  // [p: granules 0-1][q: 1 KiB in granule 2][free]
+  // [p: granules 0-1][q: granule 2][free] (q large too: small blocks have a range of their own)
   void* p = a.allocate_on(4 * MiB, 1);
-  void* q = a.allocate_on(KiB, 1);
+  void* q = a.allocate_on(2 * MiB, 1);
   gpu.launch(1, p, 4 * MiB);  // a kernel still reading p when the host frees it (legal: stream order)
   a.free(p);
   // 6 MiB does not fit p's hole: it goes after q and takes p's two idle granules, unmapping them from p's
@@ -148,7 +148,7 @@ TEST(CachingAllocatorStreams, MovingAGranuleWaitsForItsStreamEvenOnTheSameStream
   EXPECT_EQ(gpu.stream_syncs, 1) << "one wait for the stream, not one per granule";
   EXPECT_EQ(a.stats().host_waits, 1);
   EXPECT_EQ(a.stats().reserved.current, reserved + static_cast<int64_t>(2 * MiB))
-      << "r spans granules 2-5: 2 is q's, 3 and 4 are p's moved, 5 is new";
+      << "r spans granules 3-5: 3 and 4 are p's, moved, 5 is new";
   a.free(q);
   a.free(r);
 }
