@@ -729,7 +729,15 @@ void conv2d_backward_weight_cuda(const KernelArgs& k) {
 
 int64_t cudnn_version() { return static_cast<int64_t>(cudnnGetVersion()); }
 
-void prepare_cudnn(int device) { cudnn_state(device); }
+void prepare_cudnn(int device) {
+  // A graph without convolutions must not fail because cuDNN cannot start (a library missing at run time):
+  // say so here; a convolution inside the capture then fails with the handle's own error.
+  try {
+    cudnn_state(device);
+  } catch (const Error& e) {
+    log(LogLevel::Warn, "cuDNN could not be prepared before the CUDA graph capture: {}", e.what());
+  }
+}
 void set_cudnn_heuristic_bad_param_for_testing(int calls) { g_forced_bad_param.store(calls, std::memory_order_relaxed); }
 int64_t cudnn_layout_retries() { return g_layout_retries.load(std::memory_order_relaxed); }
 
