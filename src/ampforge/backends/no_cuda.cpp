@@ -2,6 +2,7 @@
 // (backends/cuda/cuda.h), for builds without CUDA: nothing to register, no devices. Callers learn that
 // from `false` / 0 instead of #ifdefs.
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/memory/provider.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge {
@@ -34,10 +35,14 @@ bool cudnn_deterministic() { return false; }
 int64_t cudnn_version() { return 0; }
 int64_t cudnn_cache_size() { return 0; }
 int64_t cudnn_benchmark_runs() { return 0; }
+void set_cudnn_heuristic_bad_param_for_testing(int) {}
+int64_t cudnn_layout_retries() { return 0; }
+void set_gemm_no_algorithm_for_testing(int) {}
+int64_t gemm_aligned_retries() { return 0; }
 uint64_t compute_stream(int device) { no_device(device); }
 uint64_t copy_stream(int device) { no_device(device); }
 memory::CachingAllocator* caching_allocator(int) { return nullptr; }
-uint64_t host_sync_count() { return 0; }
+uint64_t host_sync_count() { return memory::host_wait_count(); }
 Uploader::Uploader(int device, int) : device_(device), impl_(nullptr) { no_device(device); }
 Uploader::~Uploader() = default;
 std::vector<Tensor> Uploader::upload(const std::vector<Tensor>&, uint64_t*) { no_device(device_); }

@@ -4,7 +4,9 @@
 //     free set); address neighbours are never both free (frees coalesce);
 //   - expandable segments: granule.live counts the allocated or pending blocks touching the granule; a
 //     granule with live > 0 is mapped; a mapped granule with live == 0 is in idle_ (and nowhere else);
-//   - stats_.reserved.current == bytes of plain segments + granule size * mapped granules.
+//   - stats_.reserved.current == bytes of plain segments + granule size * mapped granules;
+//   - a granule is unmapped only after quiesce() of the stream of its segment in the same call (work
+//     queued before its blocks were freed may still touch it; the driver's unmap does not wait).
 #include "ampforge/memory/caching_allocator.h"
 
 #include <algorithm>
@@ -80,8 +82,19 @@ CachingAllocator::~CachingAllocator() {
   if (trace_ != nullptr) std::fclose(trace_);
   for (Pending& p : pending_)
     for (uint64_t t : p.tokens) events_->release(t);
+  begin_call();
   for (auto& s : segments_) {
     if (s->expandable) {
+      if (s->mapped > 0) {
+        try {
+          // Kernels queued on this stream may still use the memory: unmapping under them would fault.
+          if (!quiesce(s->stream))
+            log(LogLevel::Warn, "allocator '{}' destroyed while its stream is being captured into a CUDA graph; "
+                "unmapping without waiting for it", name());
+        } catch (const std::exception& e) {
+          log(LogLevel::Warn, "allocator '{}': waiting for stream work before unmapping failed: {}", name(), e.what());
+        }
+      }
       for (size_t i = 0; i < s->granules.size(); ++i) {
         if (!s->granules[i].mapped) continue;
         provider_.unmap(reinterpret_cast<void*>(granule_addr(*s, i)));
@@ -124,6 +137,7 @@ void CachingAllocator::deallocate(void* ptr, size_t, Device) noexcept { free(ptr
 
 void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   std::unique_lock<std::mutex> lock(mu_);
+  begin_call();
   // Larger than the whole device (or than any memory): fail at once, without emptying the cache for nothing.
   if (nbytes > kMaxRequest || (capacity_ != 0 && round(nbytes) > capacity_)) {
     flush_held();
@@ -132,6 +146,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
     lock.unlock();
     AF_THROW(OutOfMemory, "{}", report);
   }
+  if (!deferred_.empty()) process_deferred();
   if (!pending_.empty()) process_events(false);
   const size_t size = round(nbytes);
   const int64_t calls_before = stats_.provider_calls;
@@ -332,23 +347,31 @@ void CachingAllocator::unmap_block_refs(Block* b) {
 bool CachingAllocator::acquire_granule(Segment& s, size_t index, StreamId stream) {
   Granule& g = s.granules[index];
   uint64_t handle;
+  // Move an idle granule here. Prefer one of the same stream among the most recently idled. The granule is
+  // unmapped from its old address, which kernels queued on its segment's stream before its blocks were
+  // freed may still touch: that stream is waited for first (quiesce, once per call). Granules of a stream
+  // that is being captured into a CUDA graph cannot be waited for and stay where they are.
+  size_t pick = SIZE_MAX;
   if (!idle_.empty()) {
-    // Move an idle granule here. Prefer one of the same stream among the most recently idled (no wait).
-    size_t pick = idle_.size() - 1;
     for (size_t k = idle_.size(), n = 0; k-- > 0 && n < 8; ++n)
       if (idle_[k].segment->stream == stream) {
         pick = k;
         break;
       }
+    if (pick == SIZE_MAX) pick = idle_.size() - 1;
+    if (!quiesce(idle_[pick].segment->stream)) {
+      pick = SIZE_MAX;
+      for (size_t k = idle_.size(); k-- > 0;)
+        if (quiesce(idle_[k].segment->stream)) {
+          pick = k;
+          break;
+        }
+    }
+  }
+  if (pick != SIZE_MAX) {
     const IdleRef ref = idle_[pick];
     Segment& os = *ref.segment;
     remove_idle(os, ref.index);
-    if (os.stream != stream) {
-      // Work queued on the old stream may still touch this memory: wait for it before another stream uses it.
-      const uint64_t t = events_->record(os.stream);
-      events_->synchronize(t);
-      events_->release(t);
-    }
     Granule& og = os.granules[ref.index];
     ++stats_.provider_calls;
     provider_.unmap(reinterpret_cast<void*>(granule_addr(os, ref.index)));
@@ -402,19 +425,10 @@ void CachingAllocator::free(void* ptr) noexcept {
   b->allocated = false;
   if (trace_ != nullptr && b->traced) std::fprintf(trace_, "f %llu\n", static_cast<unsigned long long>(b->id));
   if (!b->uses.empty()) {
-    try {
-      Pending p{b, {}};
-      for (StreamId s : b->uses) p.tokens.push_back(events_->record(s));
-      b->pending = true;
-      pending_.push_back(std::move(p));
-      return;
-    } catch (const std::exception& e) {
-      // Without an event we cannot know when the other stream is done: wait for everything instead.
-      log(LogLevel::Warn, "allocator '{}': could not record a stream event ({}); falling back to waiting",
-          name(), e.what());
-    }
+    retire_used_block(b);
+    return;
   }
-  if (config_.cache && config_.hold_recent > 0 && b->uses.empty()) {
+  if (config_.cache && config_.hold_recent > 0) {
     stats_.active.sub(static_cast<int64_t>(b->size));
     b->held = true;
     held_.push_back(b);
@@ -458,6 +472,63 @@ void CachingAllocator::flush_held() {
   while (!held_.empty()) release_held(held_.size() - 1);
 }
 
+void CachingAllocator::retire_used_block(Block* b) {
+  b->pending = true;  // active until every use has finished
+  // An event recorded on a stream that is being captured would be a node of the graph: it would mark no
+  // eager work, and querying it says nothing about this memory. Wait until the capture has ended.
+  for (StreamId s : b->uses)
+    if (events_->is_capturing(s)) {
+      deferred_.push_back(b);
+      return;
+    }
+  Pending p{b, {}};
+  try {
+    for (StreamId s : b->uses) p.tokens.push_back(events_->record(s));
+    pending_.push_back(std::move(p));
+    return;
+  } catch (const std::exception& e) {
+    for (uint64_t t : p.tokens) events_->release(t);
+    log(LogLevel::Warn, "allocator '{}': could not record a stream event ({}); waiting for the streams instead",
+        name(), e.what());
+  }
+  // Without events there is no way to know later when the other streams are done: wait for them now.
+  try {
+    for (StreamId s : b->uses) {
+      if (events_ != &host_events_) ++stats_.host_waits;
+      events_->synchronize_stream(s);
+    }
+  } catch (const std::exception& e) {
+    // Nothing says the streams are done: keep the block out of use and try again at the next call.
+    log(LogLevel::Error, "allocator '{}': waiting for the streams that used a freed block failed ({}); the block "
+        "stays unused until a later attempt succeeds", name(), e.what());
+    deferred_.push_back(b);
+    return;
+  }
+  finish_free(b);
+}
+
+// Blocks whose events were deferred: retried now (a capture may have ended, an event may be recordable).
+void CachingAllocator::process_deferred() {
+  std::vector<Block*> todo;
+  todo.swap(deferred_);
+  for (Block* b : todo) retire_used_block(b);
+}
+
+bool CachingAllocator::quiesce(StreamId stream) {
+  if (events_ == &host_events_) return true;  // host work is synchronous
+  if (std::find(synced_.begin(), synced_.end(), stream) != synced_.end()) return true;
+  if (events_->is_capturing(stream)) return false;
+  ++stats_.host_waits;
+  events_->synchronize_stream(stream);
+  synced_.push_back(stream);
+  return true;
+}
+
+void CachingAllocator::wait_token(uint64_t token) {
+  if (events_ != &host_events_) ++stats_.host_waits;
+  events_->synchronize(token);
+}
+
 void CachingAllocator::finish_free(Block* b) {
   stats_.active.sub(static_cast<int64_t>(b->size));
   b->pending = false;
@@ -496,7 +567,7 @@ void CachingAllocator::process_events(bool wait) {
     bool done = true;
     for (uint64_t t : pending_[i].tokens) {
       if (wait) {
-        events_->synchronize(t);
+        wait_token(t);
       } else if (!events_->query(t)) {
         done = false;
         break;
@@ -537,6 +608,17 @@ void CachingAllocator::release_segment(Segment* s) {
     b = next;
   }
   if (s->expandable) {
+    if (s->mapped > 0) {
+      // Not reached by the policy today (release_cached releases ranges with nothing mapped, and the naive
+      // preset has no expandable segments), but no caller may unmap under queued work.
+      bool waited = false;
+      try {
+        waited = quiesce(s->stream);
+      } catch (const std::exception& e) {
+        log(LogLevel::Warn, "allocator '{}': waiting for stream work before unmapping failed: {}", name(), e.what());
+      }
+      if (!waited) log(LogLevel::Warn, "allocator '{}': unmapping a segment without waiting for its stream", name());
+    }
     for (size_t i = 0; i < s->granules.size(); ++i) {
       Granule& g = s->granules[i];
       if (!g.mapped) continue;
@@ -561,12 +643,14 @@ void CachingAllocator::release_segment(Segment* s) {
 
 void CachingAllocator::release_cached() {
   flush_held();
-  // Idle granules: unmap and release; they stop counting as reserved.
-  while (!idle_.empty()) {
-    const IdleRef ref = idle_.back();
+  // Idle granules: unmap and release; they stop counting as reserved. Each granule's stream is waited for
+  // first (once per stream); granules of a stream that is being captured stay mapped.
+  for (size_t k = idle_.size(); k-- > 0;) {
+    const IdleRef ref = idle_[k];
     Segment& s = *ref.segment;
+    if (!quiesce(s.stream)) continue;
     Granule& g = s.granules[ref.index];
-    remove_idle(s, ref.index);
+    remove_idle(s, ref.index);  // moves the last entry (already visited) to k
     stats_.provider_calls += 2;
     provider_.unmap(reinterpret_cast<void*>(granule_addr(s, ref.index)));
     provider_.release_physical(g.handle);
@@ -584,6 +668,8 @@ void CachingAllocator::release_cached() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  begin_call();
+  if (!deferred_.empty()) process_deferred();
   process_events(false);
   release_cached();
 }

@@ -23,7 +23,13 @@
 //   6. Out of memory: wait for pending cross-stream frees, give cached memory back to the provider, retry
 //      once; then raise Error(OutOfMemory) whose message is the OOM report. The allocator stays usable.
 // Frees coalesce with free neighbours. A block used on another stream (record_stream) is reused only when
-// that stream's work queued before the free has finished (StreamEvents).
+// that stream's work queued before the free has finished (StreamEvents): an event is recorded on each such
+// stream at the free. When a use stream is being captured into a CUDA graph the record is deferred until
+// the capture has ended (an event recorded during a capture is a graph node, not a mark in eager work);
+// when recording fails, the allocator waits for the use streams themselves before the block is reused.
+// Unmapping (expandable segments: moving an idle granule, giving idle granules back) first waits for the
+// work queued on the stream that used the granule, once per allocator call and stream: the driver's unmap
+// does not wait for kernels that may still touch the address.
 //
 // Thread safety: every public member takes one mutex; the cache-hit path is a few set/map operations.
 #pragma once
@@ -213,6 +219,15 @@ class CachingAllocator final : public Allocator {
   void remove_idle(Segment& s, size_t index);
   void free_block(Block* b);
   void finish_free(Block* b);
+  // A freed block that other streams used: events on them (pending_), deferred while a use stream is
+  // being captured (deferred_), or a wait for the streams when an event cannot be recorded.
+  void retire_used_block(Block* b);
+  void process_deferred();
+  // Waits for the work queued on `stream` so far, at most once per allocator call (synced_); false when
+  // the stream is being captured into a CUDA graph (it cannot be waited for, so nothing it used is unmapped).
+  bool quiesce(StreamId stream);
+  void wait_token(uint64_t token);
+  void begin_call() { synced_.clear(); }
   Block* take_held(size_t size, StreamId stream);
   // Granules [first, last] that bytes [addr, addr + bytes) of segment s touch (bytes > 0).
   struct GranuleSpan {
@@ -259,6 +274,8 @@ class CachingAllocator final : public Allocator {
   std::vector<Block*> spare_blocks_;
   std::vector<IdleRef> idle_;
   std::vector<Pending> pending_;
+  std::vector<Block*> deferred_;  // freed, used by a stream that was being captured: no event recorded yet
+  std::vector<StreamId> synced_;  // streams waited for during the current call (quiesce)
   std::vector<Block*> held_;  // oldest first; at most config_.hold_recent
   AllocatorStats stats_;
   uint64_t next_id_ = 1;

@@ -51,7 +51,9 @@ struct Driver {
   X(EventSynchronize, cuEventSynchronize)                                  \
   X(EventDestroy, cuEventDestroy_v2)                                       \
   X(StreamCreate, cuStreamCreate)                                          \
-  X(StreamDestroy, cuStreamDestroy_v2)
+  X(StreamDestroy, cuStreamDestroy_v2)                                     \
+  X(StreamSynchronize, cuStreamSynchronize)                                \
+  X(StreamIsCapturing, cuStreamIsCapturing)
   AF_CU_LIST(AF_CU_FN)
 #undef AF_CU_FN
   void* lib = nullptr;
@@ -161,6 +163,7 @@ void* CudaProvider::allocate(size_t bytes) {
 
 void CudaProvider::deallocate(void* ptr, size_t) noexcept {
   use(ctx_);
+  note_host_wait();  // cuMemFree waits for the device's queued work (an implicit synchronisation)
   if (CUresult r = driver().MemFree(reinterpret_cast<CUdeviceptr>(ptr)); r != CUDA_SUCCESS)
     log(LogLevel::Warn, "cuMemFree failed: {}", error_text(r));
 }
@@ -194,6 +197,7 @@ void* CudaVmmProvider::allocate(size_t bytes) {
 
 void CudaVmmProvider::deallocate(void* ptr, size_t) noexcept {
   use(ctx_);
+  note_host_wait();  // as CudaProvider::deallocate
   driver().MemFree(reinterpret_cast<CUdeviceptr>(ptr));
 }
 
@@ -263,7 +267,22 @@ bool CudaStreamEvents::query(uint64_t token) {
 
 void CudaStreamEvents::synchronize(uint64_t token) {
   use(ctx_);
+  note_host_wait();
   AF_CU(driver().EventSynchronize(reinterpret_cast<CUevent>(token)));
+}
+
+void CudaStreamEvents::synchronize_stream(StreamId stream) {
+  use(ctx_);
+  note_host_wait();
+  AF_CU(driver().StreamSynchronize(reinterpret_cast<CUstream>(stream)));
+}
+
+bool CudaStreamEvents::is_capturing(StreamId stream) noexcept {
+  use(ctx_);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  // A failed query (a broken context) is not a capture; the next real call reports the error.
+  if (driver().StreamIsCapturing(reinterpret_cast<CUstream>(stream), &st) != CUDA_SUCCESS) return false;
+  return st != CU_STREAM_CAPTURE_STATUS_NONE;  // active, or invalidated but not ended yet
 }
 
 void CudaStreamEvents::release(uint64_t token) noexcept {
@@ -285,12 +304,14 @@ void cuda_stream_destroy(StreamId stream, int device) noexcept {
 
 void cuda_copy_to_device(void* dst, const void* src, size_t bytes, int device) {
   void* ctx = open_device(device);
+  note_host_wait();  // a synchronous copy: the host waits for it
   AF_CU(driver().MemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes));
   close_device(device, ctx);
 }
 
 void cuda_copy_to_host(void* dst, const void* src, size_t bytes, int device) {
   void* ctx = open_device(device);
+  note_host_wait();
   AF_CU(driver().MemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
   close_device(device, ctx);
 }
@@ -328,6 +349,8 @@ uint64_t CudaStreamEvents::record(StreamId) { no_cuda(); }
 bool CudaStreamEvents::query(uint64_t) { no_cuda(); }
 void CudaStreamEvents::synchronize(uint64_t) { no_cuda(); }
 void CudaStreamEvents::release(uint64_t) noexcept {}
+void CudaStreamEvents::synchronize_stream(StreamId) { no_cuda(); }
+bool CudaStreamEvents::is_capturing(StreamId) noexcept { return false; }
 StreamId cuda_stream_create(int) { no_cuda(); }
 void cuda_stream_destroy(StreamId, int) noexcept {}
 void cuda_copy_to_device(void*, const void*, size_t, int) { no_cuda(); }

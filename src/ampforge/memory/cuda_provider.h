@@ -4,7 +4,8 @@
 //   CudaVmmProvider  virtual memory: cuMemAddressReserve, cuMemCreate (one granule of the device's
 //                    minimum granularity), cuMemMap + cuMemSetAccess, cuMemUnmap, cuMemRelease,
 //                    cuMemAddressFree; plain segments too (cuMemAlloc).
-//   CudaStreamEvents the policy's stream rule with CUDA events (cuEventRecord / cuEventQuery).
+//   CudaStreamEvents the policy's stream rule with CUDA events (cuEventRecord / cuEventQuery), stream
+//                    synchronisation and capture status (cuStreamSynchronize / cuStreamIsCapturing).
 // Both providers work in the device's primary context, made current on the calling thread for each call.
 // Compiled with the toolkit's <cuda.h> for types when it is found at build time; otherwise every
 // constructor raises NotImplemented saying so.
@@ -71,6 +72,9 @@ class CudaStreamEvents final : public StreamEvents {
   bool query(uint64_t token) override;
   void synchronize(uint64_t token) override;
   void release(uint64_t token) noexcept override;
+  void synchronize_stream(StreamId stream) override;  // cuStreamSynchronize
+  bool is_capturing(StreamId stream) noexcept override;  // cuStreamIsCapturing
+  // synchronize() and synchronize_stream() count as host waits (memory::note_host_wait).
 
  private:
   int device_;

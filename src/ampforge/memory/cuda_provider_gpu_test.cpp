@@ -91,3 +91,34 @@ TEST(CudaProvider, BudgetLikeOutOfMemoryOnTheDevice) {
 
 }  // namespace
 }  // namespace ampforge::memory
+
+namespace ampforge::memory {
+namespace {
+
+// Moving a granule between streams makes the allocator wait for the old stream (cuStreamSynchronize): the
+// wait is counted in the process's host waits (cuda::host_sync_count() reads the same counter) and in the
+// allocator's stats.
+TEST(CudaProvider, AllocatorWaitsAreHostWaits) {
+  SKIP_WITHOUT_GPU();
+  CudaVmmProvider dev(0);
+  CudaStreamEvents events(0);
+  PolicyConfig c = PolicyConfig::ampforge();
+  c.virtual_range = size_t{8} << 30;
+  CachingAllocator a(dev, c, &events);
+  const StreamId s1 = cuda_stream_create(0), s2 = cuda_stream_create(0);
+  void* p = a.allocate_on(4 * dev.granularity(), s1);
+  a.free(p);
+  const uint64_t waits = host_wait_count();
+  void* q = a.allocate_on(4 * dev.granularity(), s2);  // p's granules move to s2's range
+  EXPECT_EQ(a.stats().host_waits, 1);
+  EXPECT_EQ(host_wait_count(), waits + 1);
+  std::vector<std::pair<void*, size_t>> blocks{{q, 4 * dev.granularity()}};
+  check_round_trip(blocks);
+  a.free(q);
+  a.empty_cache();
+  cuda_stream_destroy(s1);
+  cuda_stream_destroy(s2);
+}
+
+}  // namespace
+}  // namespace ampforge::memory

@@ -1,5 +1,6 @@
 #include "ampforge/memory/global.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -33,10 +34,14 @@ bool same_options(const HostAllocatorOptions& a, const HostAllocatorOptions& b) 
          a.policy.expandable_segments == b.policy.expandable_segments && a.policy.cache == b.policy.cache;
 }
 
-CachingAllocator& require(DeviceType type) {
-  CachingAllocator* a = installed_caching_allocator(type);
-  AF_CHECK(a != nullptr, "no caching allocator is installed for {}; call install_host_caching_allocator() first",
-           device_type_name(type));
+std::atomic<CachingAllocatorResolver> g_resolvers[kNumDeviceTypes] = {};
+
+CachingAllocator& require(Device device) {
+  CachingAllocator* a = caching_allocator_for(device);
+  if (a == nullptr && device.is_cpu())
+    AF_THROW(InvalidArgument, "no caching allocator is installed for cpu; call install_host_caching_allocator() first");
+  AF_CHECK(a != nullptr, "{} has no caching allocator (is the device available in this build and on this machine?)",
+           device.str());
   return *a;
 }
 
@@ -78,15 +83,25 @@ CachingAllocator* installed_caching_allocator(DeviceType type) {
   return dynamic_cast<CachingAllocator*>(get_allocator(type));
 }
 
-std::optional<AllocatorStats> allocator_stats(DeviceType type) {
-  CachingAllocator* a = installed_caching_allocator(type);
+CachingAllocatorResolver set_caching_allocator_resolver(DeviceType type, CachingAllocatorResolver resolver) {
+  return g_resolvers[static_cast<int>(type)].exchange(resolver);
+}
+
+CachingAllocator* caching_allocator_for(Device device) {
+  if (device.is_cpu()) return installed_caching_allocator(DeviceType::CPU);
+  const CachingAllocatorResolver r = g_resolvers[static_cast<int>(device.type)].load();
+  return r != nullptr ? r(device.index) : nullptr;
+}
+
+std::optional<AllocatorStats> allocator_stats(Device device) {
+  CachingAllocator* a = caching_allocator_for(device);
   if (a == nullptr) return std::nullopt;
   return a->stats();
 }
 
-void trace_start(const std::string& path, DeviceType type) { require(type).trace_start(path); }
-void trace_stop(DeviceType type) { require(type).trace_stop(); }
-void step(DeviceType type) { require(type).step(); }
-void write_snapshot(const std::string& path, DeviceType type) { require(type).write_snapshot(path); }
+void trace_start(const std::string& path, Device device) { require(device).trace_start(path); }
+void trace_stop(Device device) { require(device).trace_stop(); }
+void step(Device device) { require(device).step(); }
+void write_snapshot(const std::string& path, Device device) { require(device).write_snapshot(path); }
 
 }  // namespace ampforge::memory

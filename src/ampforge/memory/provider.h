@@ -61,7 +61,10 @@ class Provider {
   // Maps the granule `handle` at `addr` (granule-aligned, inside a reserved range, currently unmapped),
   // readable and writable by the device.
   virtual void map(void* addr, uint64_t handle);
-  // Unmaps the granule at `addr`; the physical granule stays alive (it can be mapped elsewhere).
+  // Unmaps the granule at `addr`; the physical granule stays alive (it can be mapped elsewhere). Unmapping
+  // does not wait for queued device work (cuMemUnmap does not synchronise in every case): the caller makes
+  // sure no queued work can still touch the granule. The policy synchronises the stream that last used it
+  // first (StreamEvents::synchronize_stream, once per allocator call and stream).
   virtual void unmap(void* addr) noexcept;
 };
 
@@ -76,7 +79,25 @@ class StreamEvents {
   // Blocks until the work before the token has finished.
   virtual void synchronize(uint64_t token) = 0;
   virtual void release(uint64_t token) noexcept = 0;
+  // Blocks until everything queued on `stream` so far has finished. The default records a token and waits
+  // for it; CUDA's waits for the stream itself, which also works when an event cannot be created.
+  virtual void synchronize_stream(StreamId stream) {
+    const uint64_t t = record(stream);
+    synchronize(t);
+    release(t);
+  }
+  // Whether `stream` is being captured into a CUDA graph right now. While it is, an event recorded on it
+  // would become a node of the graph instead of marking eager work (querying it later says nothing about
+  // the memory), and waiting for it would invalidate the capture: the policy then defers such records
+  // until the capture has ended and never waits for that stream. Never throws.
+  virtual bool is_capturing(StreamId) noexcept { return false; }
 };
+
+// Host waits on device work in this process: every time a thread blocked until a GPU finished something
+// (stream and event synchronisations, copies to the host, the allocator's waits). CUDA code calls
+// note_host_wait() right before each such wait; cuda::host_sync_count() reads this counter.
+void note_host_wait() noexcept;
+uint64_t host_wait_count() noexcept;
 
 // The host: one stream, synchronous work. Every token is complete when recorded.
 class HostStreamEvents final : public StreamEvents {
@@ -85,6 +106,7 @@ class HostStreamEvents final : public StreamEvents {
   bool query(uint64_t) override { return true; }
   void synchronize(uint64_t) override {}
   void release(uint64_t) noexcept override {}
+  void synchronize_stream(StreamId) override {}
 };
 
 }  // namespace ampforge::memory

@@ -27,6 +27,7 @@ nlohmann::json stats_to_json(const AllocatorStats& s) {
           {"provider_calls", s.provider_calls},
           {"num_retries", s.num_retries},
           {"num_ooms", s.num_ooms},
+          {"host_waits", s.host_waits},
           {"largest_free_block", s.largest_free_block},
           {"fragmentation", s.fragmentation},
           {"fragmentation_at_peak", s.fragmentation_at_peak},
@@ -53,8 +54,9 @@ std::string stats_format(const AllocatorStats& s) {
   row("allocated", s.allocated);
   row("active", s.active);
   row("reserved", s.reserved);
-  out += fmt::format("  allocs {}  frees {}  cache hits {}  provider calls {}  retries {}  OOMs {}\n", s.num_allocs,
-                     s.num_frees, s.cache_hits, s.provider_calls, s.num_retries, s.num_ooms);
+  out += fmt::format("  allocs {}  frees {}  cache hits {}  provider calls {}  retries {}  OOMs {}  host waits {}\n",
+                     s.num_allocs, s.num_frees, s.cache_hits, s.provider_calls, s.num_retries, s.num_ooms,
+                     s.host_waits);
   out += fmt::format("  largest free block {}  fragmentation {:.3f} (at peak reserved {:.3f})  peak reserved / peak "
                      "requested {:.3f}\n",
                      format_bytes(s.largest_free_block), s.fragmentation, s.fragmentation_at_peak,

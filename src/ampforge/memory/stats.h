@@ -40,6 +40,10 @@ struct AllocatorStats {
   int64_t provider_calls = 0;  // every call into the provider (allocate, free, reserve, create, map, ...)
   int64_t num_retries = 0;     // allocations that failed once and retried after freeing the cache
   int64_t num_ooms = 0;        // OutOfMemory errors raised
+  // Times the allocator blocked the calling thread until device work finished (an event or stream
+  // synchronisation: before unmapping a granule, when recording an event failed, on the out-of-memory
+  // retry). 0 on the host, whose work is synchronous.
+  int64_t host_waits = 0;
   // Fragmentation measured when reserved last reached its peak (see the definition above).
   double fragmentation_at_peak = 0.0;
   // The same figures measured now.

@@ -64,7 +64,7 @@ struct CounterSample {
 // Peak memory from the allocator (memory/ caching allocator stats when installed, else core's host counter).
 struct MemorySummary {
   bool valid = false;
-  std::string source;            // "caching allocator" | "host allocator"
+  std::string source;            // "caching allocator" | "caching allocator, cuda:N" | "host allocator"
   int64_t peak_allocated = -1;   // bytes
   int64_t peak_reserved = -1;    // bytes; -1: not known (the plain host allocator reserves nothing)
   double fragmentation = -1;     // at the reserved peak, in [0, 1]; -1: not known

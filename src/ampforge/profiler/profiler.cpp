@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -137,12 +138,22 @@ void counter(const char* name, double value) {
   r.counters.push_back({name, ts, value});
 }
 
+namespace {
+// The memory device of the session (SessionOptions::memory_device), packed as type * 65536 + index.
+std::atomic<int32_t> g_memory_device{0};
+Device memory_device() {
+  const int32_t v = g_memory_device.load(std::memory_order_relaxed);
+  return Device(static_cast<DeviceType>(v >> 16), v & 0xffff);
+}
+}  // namespace
+
 void sample_memory() {
   if (!recording()) return;
-  if (auto s = memory::allocator_stats()) {
+  const Device dev = memory_device();
+  if (auto s = memory::allocator_stats(dev)) {
     counter("allocated", static_cast<double>(s->allocated.current));
     counter("reserved", static_cast<double>(s->reserved.current));
-  } else {
+  } else if (dev.is_cpu()) {
     counter("allocated", static_cast<double>(host_allocator_bytes_in_use()));
   }
 }
@@ -164,6 +175,8 @@ Session::Session(SessionOptions options) : options_(options) {
   bool expected = false;
   AF_CHECK(g_session_exists.compare_exchange_strong(expected, true),
            "a profiler session is already active in this process (one at a time)");
+  g_memory_device.store(static_cast<int32_t>(options_.memory_device.type) * 65536 + options_.memory_device.index,
+                        std::memory_order_relaxed);
 }
 
 Session::~Session() {
@@ -173,6 +186,7 @@ Session::~Session() {
     } catch (...) {  // destructors never throw; the data is dropped
     }
   }
+  g_memory_device.store(0, std::memory_order_relaxed);
   g_session_exists.store(false);
 }
 
@@ -251,10 +265,14 @@ ProfileData Session::stop() {
       b->records.clear();
     }
   }
-  if (auto s = memory::allocator_stats()) {
-    data_.memory = {true, "caching allocator", s->allocated.peak, s->reserved.peak, s->fragmentation_at_peak};
-  } else {
+  const Device mem = options_.memory_device;
+  if (auto s = memory::allocator_stats(mem)) {
+    data_.memory = {true, mem.is_cpu() ? std::string("caching allocator") : "caching allocator, " + mem.str(),
+                    s->allocated.peak, s->reserved.peak, s->fragmentation_at_peak};
+  } else if (mem.is_cpu()) {
     data_.memory = {true, "host allocator", host_allocator_peak_bytes(), -1, -1};
+  } else {
+    data_.memory = {};  // no caching allocator on that device (not available): nothing to report
   }
   if (device_) {
     device_->stop();

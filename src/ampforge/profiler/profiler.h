@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "ampforge/core/device.h"
 #include "ampforge/profiler/profile_data.h"
 
 namespace ampforge::profiler {
@@ -54,7 +55,9 @@ class Range {
 
 // Records a counter sample (shown as a counter track in the trace) while recording.
 void counter(const char* name, double value);
-// Samples the allocator's current allocated / reserved bytes into counters "allocated" / "reserved".
+// Samples the current allocated / reserved bytes of the recording session's memory device
+// (SessionOptions::memory_device: its caching allocator, memory::caching_allocator_for) into the counters
+// "allocated" / "reserved"; for the CPU without a caching allocator, core's host counter as "allocated".
 void sample_memory();
 // Names the calling thread in reports and traces ("main", "loader 0", ...).
 void set_thread_name(const std::string& name);
@@ -64,6 +67,10 @@ int64_t current_tid();
 struct SessionOptions {
   // Collect device activity in-process through the CUPTI injection library when a GPU is present.
   bool device = true;
+  // Whose memory the session samples (sample_memory(), the start and end of each window) and summarises
+  // at stop(): the CPU's allocator, or a CUDA device's caching allocator (Device(DeviceType::CUDA, i)) for
+  // a run that trains there.
+  Device memory_device = kCPU;
 };
 
 // One session at a time per process. start() opens a profiled window, pause() closes it (ranges stop

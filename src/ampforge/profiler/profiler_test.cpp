@@ -10,6 +10,9 @@
 #include <thread>
 
 #include "ampforge/autograd/functions.h"
+#include "ampforge/core/dispatch.h"
+#include "ampforge/memory/global.h"
+#include "ampforge/memory/host_provider.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/profiler/device.h"
 #include "ampforge/profiler/profiler.h"
@@ -111,6 +114,42 @@ TEST(Profiler, OneSessionAtATimeAndFreshBuffers) {
   s.start();
   const ProfileData d = s.stop();
   EXPECT_EQ(find(d, "old session"), nullptr);
+}
+
+// A session that trains on a device samples that device's caching allocator (the one
+// memory::caching_allocator_for resolves), not the CPU's: here a host-backed allocator stands in for cuda:3.
+memory::CachingAllocator* g_fake_device_allocator = nullptr;
+memory::CachingAllocator* fake_resolver(int index) { return index == 3 ? g_fake_device_allocator : nullptr; }
+
+TEST(Profiler, MemorySamplesComeFromTheSessionsDevice) {
+  ensure_backends_registered();  // the real CUDA backend (on a GPU machine) registers its resolver first
+  memory::SimulatedProvider sim;
+  memory::CachingAllocator device_alloc(sim, memory::PolicyConfig::ampforge());
+  g_fake_device_allocator = &device_alloc;
+  const memory::CachingAllocatorResolver previous =
+      memory::set_caching_allocator_resolver(DeviceType::CUDA, fake_resolver);
+  ProfileData d;
+  {
+    Session s(SessionOptions{.device = false, .memory_device = Device(DeviceType::CUDA, 3)});
+    s.start();
+    void* p = device_alloc.allocate_on(3 << 20, 0);  // 3 MiB on the "device"
+    sample_memory();
+    device_alloc.free(p);
+    d = s.stop();
+  }
+  memory::set_caching_allocator_resolver(DeviceType::CUDA, previous);
+  g_fake_device_allocator = nullptr;
+  bool allocated = false, reserved = false;
+  for (const auto& c : d.counters) {
+    allocated |= c.name == "allocated" && c.value == static_cast<double>(3 << 20);
+    reserved |= c.name == "reserved" && c.value == static_cast<double>(4 << 20);  // two 2 MiB granules
+  }
+  EXPECT_TRUE(allocated) << "the device allocator's live bytes were sampled";
+  EXPECT_TRUE(reserved);
+  EXPECT_TRUE(d.memory.valid);
+  EXPECT_EQ(d.memory.source, "caching allocator, cuda:3");
+  EXPECT_EQ(d.memory.peak_allocated, 3 << 20);
+  EXPECT_EQ(d.memory.peak_reserved, 4 << 20);
 }
 
 // "The injection library builds whenever CUDA is present": with CUPTI's header in the toolkit, the build

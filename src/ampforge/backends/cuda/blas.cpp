@@ -21,11 +21,21 @@
 // finds none or the launch is refused) the fallback: the output is first filled with the broadcast bias and
 // the GEMM accumulates into it (beta = 1), also rounded once. One-row/one-column products stay on the
 // fallback (PyTorch restricts its use of this epilogue the same way); for them the fill is cheap anyway.
+// No algorithm: when the heuristic offers none for the operands as given (views at odd addresses or with
+// unusual leading dimensions or batch strides), the product is computed once more from contiguous copies
+// of A and B (fresh allocations: 512-byte aligned, packed) into a packed, aligned output that is then
+// copied into the real one; only when that finds nothing either does the op fail (NotImplemented).
+// Handles and the workspace: created per device before any CUDA graph capture (prepare_blas, called by
+// Graph::capture_begin; cublasLtCreate and a new allocation must not be captured), the workspace from the
+// device's main caching allocator, kept for the process.
 #include <cublasLt.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -36,6 +46,7 @@
 #include "ampforge/backends/cuda/register.h"
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/core/dispatch.h"
+#include "ampforge/memory/caching_allocator.h"
 
 namespace ampforge::cuda {
 namespace {
@@ -64,14 +75,23 @@ struct LtState {
   std::unordered_map<LtKey, cublasLtMatmulAlgo_t, LtKeyHash> algos;
 };
 
+// Test hooks (cuda.h): heuristic calls still to be answered "no algorithm", and retries with copies so far.
+std::atomic<int> g_forced_no_algorithm{0};
+std::atomic<int64_t> g_aligned_retries{0};
+
 LtState& lt_state(int device) {
   static auto* states = new std::vector<LtState>(static_cast<size_t>(device_count()));
   AF_ASSERT(device >= 0 && static_cast<size_t>(device) < states->size(), "no cuBLASLt state for device {}", device);
   LtState& st = (*states)[static_cast<size_t>(device)];
   std::call_once(st.once, [&] {
+    AF_CHECK(!is_capturing(), "cuBLASLt on CUDA device {}: the handle would be created inside a CUDA graph capture; "
+             "Graph::capture_begin prepares it (this is a bug in the caller's order of calls)", device);
     DeviceGuard guard(device);
     AF_CUBLAS_CHECK(cublasLtCreate(&st.handle));
-    st.workspace = alloc_scratch(device, kWorkspaceBytes);  // kept: only this device's compute stream uses it
+    // From the main allocator on the compute stream, whatever routing this thread has (a graph pool, the copy
+    // stream): kept for the process, and only this device's compute stream uses it.
+    DeviceState& ds = device_state(device);
+    st.workspace = ds.allocator->allocate_on(kWorkspaceBytes, reinterpret_cast<memory::StreamId>(ds.compute));
   });
   return st;
 }
@@ -137,14 +157,17 @@ uint32_t alignment_of(const void* ptr, int64_t ld, int64_t batch_stride, int64_t
 // out (batch x M x N, contiguous) = alpha * op(A) @ op(B) + beta * out [+ bias], where A_rm (M x K) and
 // B_rm (K x N) are logical row-major operands given by pointer, strides and batch stride, and `bias` (nullptr:
 // none) is a packed vector of N elements of dtype dt added by the epilogue to every row of out.
-// Returns false, having written nothing, only when a bias was given and cuBLASLt has no algorithm for the
-// epilogue (the caller falls back); every other failure throws.
+// Returns Done, or, having written nothing: NoEpilogue when a bias was given and cuBLASLt has no algorithm
+// for the epilogue (the caller adds the bias itself), NoAlgorithm when the heuristic has none for the
+// problem as given (the caller retries with aligned copies). Every other failure throws.
 struct Operand {
   const void* ptr;
   int64_t rs, cs, bs;
 };
 
-bool gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
+enum class Gemm { Done, NoEpilogue, NoAlgorithm };
+
+Gemm gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
           void* out, float beta, const void* bias = nullptr) {
   const int device = dev.index;
   DeviceGuard guard(dev);
@@ -225,16 +248,14 @@ bool gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
         cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t hs =
+    cublasStatus_t hs =
         cublasLtMatmulAlgoGetHeuristic(lt.handle, op.d, la.l, lb.l, lc.l, lc.l, pref.p, 1, &result, &found);
-    if (bias != nullptr && (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0)))
-      return false;  // no epilogue algorithm: the caller adds the bias itself
+    if (hs == CUBLAS_STATUS_SUCCESS && found > 0 && g_forced_no_algorithm.load(std::memory_order_relaxed) > 0 &&
+        g_forced_no_algorithm.fetch_sub(1, std::memory_order_relaxed) > 0)
+      found = 0;  // test hook: as if the heuristic had found nothing
+    const bool none = hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && found == 0);
+    if (none) return bias != nullptr ? Gemm::NoEpilogue : Gemm::NoAlgorithm;
     AF_CUBLAS_CHECK(hs);
-    if (found == 0)
-      AF_THROW(NotImplemented,
-               "matmul on CUDA: cuBLASLt has no algorithm for {} ({} x {} x {}, batch {}, ld {} / {}, alignment {} / {} / "
-               "{} bytes)",
-               dtype_name(dt), M, N, K, batch, mb.ld, ma.ld, align_a, align_b, align_c);
     algo = result.algo;
     std::lock_guard<std::mutex> lock(lt.mu);
     lt.algos.emplace(key, algo);
@@ -243,9 +264,9 @@ bool gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
   const cublasStatus_t st = cublasLtMatmul(lt.handle, op.d, &alpha, mb.ptr, la.l, ma.ptr, lb.l, &beta, out, lc.l, out,
                                            lc.l, &algo, lt.workspace, kWorkspaceBytes, ds.compute);
   // A refusal is reported before anything runs: with a bias the caller can still take the fallback.
-  if (bias != nullptr && st == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  if (bias != nullptr && st == CUBLAS_STATUS_NOT_SUPPORTED) return Gemm::NoEpilogue;
   AF_CUBLAS_CHECK(st);
-  return true;
+  return Gemm::Done;
 }
 
 // A usable operand for a logical row-major (R x C) matrix view of t (batch dim 0 when 3-D): t itself when
@@ -256,6 +277,41 @@ Operand operand_of(const Tensor& t, int64_t R, int64_t C, int64_t rs, int64_t cs
   copy_on_device(keep, t);
   const bool batched = t.dim() == 3;
   return {keep.data_ptr(), C, 1, batched && bs != 0 ? R * C : 0};
+}
+
+// A packed copy of t, in a fresh (512-byte aligned) allocation.
+Tensor packed_copy(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy_on_device(c, t);
+  return c;
+}
+
+[[noreturn]] void no_algorithm(DType dt, int64_t batch, int64_t M, int64_t N, int64_t K) {
+  AF_THROW(NotImplemented,
+           "matmul on CUDA: cuBLASLt has no algorithm for {} ({} x {} x {}, batch {}), not even with packed, aligned "
+           "copies of the operands",
+           dtype_name(dt), M, N, K, batch);
+}
+
+// `out` (packed, batch x M x N) = A @ B, with the retry of the file comment. `prefill` (may be empty) writes
+// what the product accumulates into (beta = 1): linear's broadcast bias.
+void gemm_with_retry(const Tensor& out, int64_t batch, int64_t M, int64_t N, int64_t K, const Operand& a,
+                     const Operand& b, const std::function<Operand(Tensor&)>& packed_a,
+                     const std::function<Operand(Tensor&)>& packed_b, const std::function<void(const Tensor&)>& prefill) {
+  const float beta = prefill ? 1.0f : 0.0f;
+  if (prefill) prefill(out);
+  if (gemm(out.device(), out.dtype(), batch, M, N, K, a, b, out.data_ptr(), beta) == Gemm::Done) return;
+  g_aligned_retries.fetch_add(1, std::memory_order_relaxed);
+  Tensor ka, kb;
+  const Operand ra = packed_a(ka), rb = packed_b(kb);
+  // The output: computed in place when its address is 256-byte aligned (every fresh allocation is), else in
+  // a fresh tensor copied into it.
+  const bool aligned_out = reinterpret_cast<uintptr_t>(out.data_ptr()) % 256 == 0;
+  Tensor o = aligned_out ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+  if (prefill && !aligned_out) prefill(o);
+  if (gemm(out.device(), out.dtype(), batch, M, N, K, ra, rb, o.data_ptr(), beta) != Gemm::Done)
+    no_algorithm(out.dtype(), batch, M, N, K);
+  if (!aligned_out) copy_on_device(out, o);
 }
 
 void matmul_cuda(const KernelArgs& a) {
@@ -269,7 +325,14 @@ void matmul_cuda(const KernelArgs& a) {
   Tensor ka, kb;
   const Operand oa = operand_of(A, M, K, A.stride(1), A.stride(2), A.size(0) == 1 ? 0 : A.stride(0), ka);
   const Operand ob = operand_of(B, K, N, B.stride(1), B.stride(2), B.size(0) == 1 ? 0 : B.stride(0), kb);
-  gemm(out.device(), out.dtype(), batch, M, N, K, oa, ob, out.data_ptr(), 0.0f);
+  // Packed copies: row-major (R x C) per batch, batch stride R * C (0 for a broadcast batch of one).
+  auto packed = [](const Tensor& t, int64_t R, int64_t C) {
+    return [&t, R, C](Tensor& keep) {
+      keep = packed_copy(t);
+      return Operand{keep.data_ptr(), C, 1, t.size(0) == 1 ? 0 : R * C};
+    };
+  };
+  gemm_with_retry(out, batch, M, N, K, oa, ob, packed(A, M, K), packed(B, K, N), {});
 }
 
 // Whether linear's bias can go through the cuBLASLt epilogue (header comment): packed, the output's dtype,
@@ -296,13 +359,28 @@ void linear_cuda(const KernelArgs& a) {
   Operand ow = operand_of(W, K, N, W.stride(1), W.stride(0), 0, kw);
   if (kw.defined()) ow = Operand{kw.data_ptr(), 1, K, 0};  // the copy holds W (N x K) row-major: W^T is (1, K)
   if (bias != nullptr && bias_epilogue_applies(*bias, out, M, N, K) &&
-      gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), 0.0f, bias->data_ptr()))
+      gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), 0.0f, bias->data_ptr()) == Gemm::Done)
     return;
-  if (bias != nullptr) copy_on_device(out, *bias);  // broadcast over rows; the GEMM adds into it (beta = 1)
-  gemm(out.device(), out.dtype(), 1, M, N, K, ox, ow, out.data_ptr(), bias ? 1.0f : 0.0f);
+  std::function<void(const Tensor&)> prefill;
+  if (bias != nullptr)  // broadcast over rows; the GEMM adds into it (beta = 1)
+    prefill = [bias](const Tensor& o) { copy_on_device(o, *bias); };
+  auto packed_x = [&x](Tensor& keep) {
+    keep = packed_copy(x);
+    return Operand{keep.data_ptr(), x.size(1), 1, 0};
+  };
+  auto packed_w = [&W, K](Tensor& keep) {  // W (N x K) packed row-major: W^T is (K x N) with strides (1, K)
+    keep = packed_copy(W);
+    return Operand{keep.data_ptr(), 1, K, 0};
+  };
+  gemm_with_retry(out, 1, M, N, K, ox, ow, packed_x, packed_w, prefill);
 }
 
 }  // namespace
+
+void prepare_blas(int device) { lt_state(device); }
+
+void set_gemm_no_algorithm_for_testing(int calls) { g_forced_no_algorithm.store(calls, std::memory_order_relaxed); }
+int64_t gemm_aligned_retries() { return g_aligned_retries.load(std::memory_order_relaxed); }
 
 void register_blas_cuda() {
   register_kernel(OpId::matmul, DeviceType::CUDA, matmul_cuda);

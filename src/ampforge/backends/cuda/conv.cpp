@@ -51,9 +51,19 @@
 // benchmarking, which overwrites the output.
 // Size limits: cuDNN descriptors take int dims and strides and tensors of at most 2^31 - 1 elements;
 // larger batches run in chunks of whole images (the weight gradient sums the chunks with beta = 1).
-// Handles: one cudnnHandle_t per device, created on first use, bound to the device's compute stream, never
-// destroyed (as DeviceState). A handle must not be used by two threads at once: a per-device mutex
-// serialises selection and launch (the launches are asynchronous: the lock is held for microseconds).
+// Handles: one cudnnHandle_t per device, created on first use and at the latest before a CUDA graph capture
+// begins (prepare_cudnn, called by Graph::capture_begin: cudnnCreate must not run inside a capture), bound to
+// the device's compute stream, never destroyed (as DeviceState). A handle must not be used by two threads at
+// once: a per-device mutex serialises selection and launch (the launches are asynchronous: the lock is held
+// for microseconds).
+// CUDA graphs: a problem whose algorithm is cached runs inside a capture as anywhere else; benchmark mode
+// cannot time algorithms inside one (cudnnFind runs and waits for kernels), so a problem first seen inside a
+// capture with benchmark mode on is refused with an error that says what to do (run it once eagerly
+// before the capture, as the trainer's warm-up steps do, or turn benchmark mode off).
+// Retries in another layout (conv_layout_attempts, plan.h): a channels-last problem without a usable
+// algorithm is retried in NCHW; a 16-bit NCHW one in channels-last (cuDNN's F16/BF16 tensor-core kernels are
+// NHWC kernels). A heuristics query that answers CUDNN_STATUS_BAD_PARAM or NOT_SUPPORTED (cuDNN 9's legacy
+// API does for some layouts) counts as "no algorithm" for that layout and takes the retry too.
 //
 // Without cuDNN at build time (AMPFORGE_WITH_CUDNN undefined, src/CMakeLists.txt) nothing is registered
 // and conv2d on CUDA raises NotImplemented through dispatch; the switches below still exist.
@@ -73,6 +83,7 @@
 #endif
 
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/cuda/plan.h"
 #include "ampforge/backends/cuda/register.h"
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/core/attrs.h"
@@ -173,6 +184,8 @@ CudnnState& cudnn_state(int device) {
   AF_ASSERT(device >= 0 && static_cast<size_t>(device) < v.size(), "no cuDNN state for CUDA device {}", device);
   CudnnState& st = v[static_cast<size_t>(device)];
   std::call_once(st.once, [&] {
+    AF_CHECK(!is_capturing(), "cuDNN on CUDA device {}: the handle would be created inside a CUDA graph capture; "
+             "Graph::capture_begin prepares it (this is a bug in the caller's order of calls)", device);
     DeviceGuard guard(device);
     AF_CUDNN_CHECK(cudnnCreate(&st.handle));
     AF_CUDNN_CHECK(cudnnSetStream(st.handle, device_state(device).compute));
@@ -337,35 +350,57 @@ void collect(const std::vector<Perf>& r, int n, std::vector<Candidate>& out) {
     out.push_back({static_cast<int>(r[i].algo), r[i].status, r[i].memory, r[i].determinism, r[i].mathType});
 }
 
-std::vector<Candidate> heuristics(cudnnHandle_t h, const Problem& p, const Descriptors& d) {
+// Test hook (cuda.h): heuristics queries still to be answered CUDNN_STATUS_BAD_PARAM; layout retries so far.
+std::atomic<int> g_forced_bad_param{0};
+std::atomic<int64_t> g_layout_retries{0};
+
+// Whether a heuristics status means "cuDNN has nothing for this problem in this layout" (retry another
+// layout) rather than an error to report at once.
+bool no_algorithm_status(cudnnStatus_t s) {
+  return s == CUDNN_STATUS_BAD_PARAM || CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_NOT_SUPPORTED;
+}
+
+// cuDNN's heuristics list, in its order. `status` receives the query's status: for a "no algorithm" status
+// (no_algorithm_status) the list is empty; any other failure throws.
+std::vector<Candidate> heuristics(cudnnHandle_t h, const Problem& p, const Descriptors& d,
+                                  cudnnStatus_t* status = nullptr) {
   std::vector<Candidate> c;
   int max = 0, got = 0;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (p.dir) {
     case Direction::Forward: {
       AF_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionFwdAlgoPerf_t> r(static_cast<size_t>(std::max(max, 1)));
-      AF_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w.d, d.conv.d, d.y.d,
-                                                            static_cast<int>(r.size()), &got, r.data()));
-      collect(r, got, c);
+      st = cudnnGetConvolutionForwardAlgorithm_v7(h, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<int>(r.size()), &got,
+                                                  r.data());
+      if (st == CUDNN_STATUS_SUCCESS) collect(r, got, c);
       break;
     }
     case Direction::BackwardData: {
       AF_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(static_cast<size_t>(std::max(max, 1)));
-      AF_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.d, d.y.d, d.conv.d, d.x.d,
-                                                                 static_cast<int>(r.size()), &got, r.data()));
-      collect(r, got, c);
+      st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<int>(r.size()),
+                                                       &got, r.data());
+      if (st == CUDNN_STATUS_SUCCESS) collect(r, got, c);
       break;
     }
     case Direction::BackwardFilter: {
       AF_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(static_cast<size_t>(std::max(max, 1)));
-      AF_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv.d, d.w.d,
-                                                                   static_cast<int>(r.size()), &got, r.data()));
-      collect(r, got, c);
+      st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<int>(r.size()),
+                                                         &got, r.data());
+      if (st == CUDNN_STATUS_SUCCESS) collect(r, got, c);
       break;
     }
   }
+  if (st == CUDNN_STATUS_SUCCESS && g_forced_bad_param.load(std::memory_order_relaxed) > 0 &&
+      g_forced_bad_param.fetch_sub(1, std::memory_order_relaxed) > 0) {
+    st = CUDNN_STATUS_BAD_PARAM;  // test hook: as cuDNN answers for a layout it has no kernels for
+    c.clear();
+  }
+  if (status != nullptr) *status = st;
+  if (st != CUDNN_STATUS_SUCCESS && !no_algorithm_status(st))
+    throw_cudnn_error(st, "cudnnGetConvolution*Algorithm_v7", __FILE__, __LINE__);
   return c;
 }
 
@@ -460,6 +495,13 @@ bool is_out_of_memory(const Error& e) { return e.kind() == ErrorKind::OutOfMemor
 // Benchmark mode: times the algorithms with a workspace as large as the largest heuristic candidate
 // within kMaxWorkspaceBytes (halved until the allocator can give it).
 std::vector<Candidate> benchmark(CudnnState& st, const Problem& p, const Descriptors& d) {
+  if (is_capturing())
+    AF_THROW(InvalidArgument,
+             "{} on CUDA: cuDNN benchmark mode cannot time algorithms inside a CUDA graph capture ({} is seen for the "
+             "first time here). Run the captured code once eagerly before capture_begin() so that the choice is "
+             "cached (the trainer's warm-up steps do), or turn benchmark mode off (cuda::set_cudnn_benchmark(false), "
+             "AMPFORGE_CUDNN_BENCHMARK=0)",
+             op_name(p.dir), describe_problem(p));
   size_t want = 0;
   for (const Candidate& c : heuristics(st.handle, p, d))
     if (c.status == CUDNN_STATUS_SUCCESS && c.memory <= kMaxWorkspaceBytes) want = std::max(want, c.memory);
@@ -476,6 +518,7 @@ std::vector<Candidate> benchmark(CudnnState& st, const Problem& p, const Descrip
   if (p.dir == Direction::BackwardFilter)
     dw.emplace(p.device, static_cast<size_t>(p.w[0] * p.w[1] * p.w[2] * p.w[3] * dtype_size(p.dtype)));
   ++st.finds;
+  count_host_sync();  // cudnnFind*AlgorithmEx times the algorithms: it waits for the device
   return find(st.handle, p, d, ws->get(), want, dw ? dw->get() : p.wptr);
 }
 
@@ -500,8 +543,10 @@ void run(const Problem& p, float beta, const std::function<void()>& before) {
 
   std::vector<Candidate> candidates;
   if (p.benchmark) candidates = benchmark(st, p, d);
-  for (const Candidate& c : heuristics(st.handle, p, d)) candidates.push_back(c);
+  cudnnStatus_t hs = CUDNN_STATUS_SUCCESS;
+  for (const Candidate& c : heuristics(st.handle, p, d, &hs)) candidates.push_back(c);
   std::string skipped;
+  if (hs != CUDNN_STATUS_SUCCESS) skipped += fmt::format("; the heuristics query answered {}", cudnnGetErrorString(hs));
   bool before_done = false;
   for (const Candidate& c : candidates) {
     if (!acceptable(p, c)) continue;
@@ -598,19 +643,24 @@ Problem make_problem(Direction dir, const Tensor& x, const Tensor& w, const Tens
   return p;
 }
 
-// Runs body(nhwc); a channels-last problem that cuDNN cannot serve is retried in NCHW.
+// Runs body(nhwc) in the layouts of conv_layout_attempts (plan.h), in order, until one is served; a
+// NotImplemented from the last one propagates, naming every layout tried.
 template <class F>
-void in_layout(const char* op, bool nhwc, F&& body) {
-  if (!nhwc) {
-    body(false);
-    return;
-  }
-  try {
-    body(true);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::NotImplemented) throw;
-    log(LogLevel::Debug, "{} on CUDA: retrying in NCHW after: {}", op, e.what());
-    body(false);
+void in_layout(const char* op, bool nhwc, DType dtype, F&& body) {
+  const std::vector<bool> layouts = conv_layout_attempts(nhwc, dtype == DType::F16 || dtype == DType::BF16);
+  std::string tried;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    try {
+      body(layouts[i]);
+      return;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::NotImplemented || (i + 1 == layouts.size() && tried.empty())) throw;
+      if (i + 1 == layouts.size()) AF_THROW(NotImplemented, "{}{}", e.what(), tried);
+      tried += fmt::format(" (also tried {}: {})", layouts[i] ? "channels-last" : "NCHW", e.what());
+      g_layout_retries.fetch_add(1, std::memory_order_relaxed);
+      log(LogLevel::Debug, "{} on CUDA: retrying in {} after: {}", op, layouts[i + 1] ? "channels-last" : "NCHW",
+          e.what());
+    }
   }
 }
 
@@ -622,7 +672,7 @@ void conv2d_cuda(const KernelArgs& k) {
   (void)data_type(out.dtype());  // throws for dtypes cuDNN is not used for
   if (out.numel() == 0) return;
   DeviceGuard guard(out.device());
-  in_layout("conv2d", channels_last(out), [&](bool nhwc) {
+  in_layout("conv2d", channels_last(out), out.dtype(), [&](bool nhwc) {
     const Tensor x = input_in(x0, nhwc), w = input_in(w0, nhwc), y = output_in(out, nhwc);
     const int64_t N = x.size(0), step = images_per_call("conv2d", N, x, y);
     Tensor bview;
@@ -645,7 +695,7 @@ void conv2d_backward_input_cuda(const KernelArgs& k) {
   (void)data_type(gin.dtype());
   if (gin.numel() == 0) return;
   DeviceGuard guard(gin.device());
-  in_layout("conv2d_backward_input", channels_last(gin), [&](bool nhwc) {
+  in_layout("conv2d_backward_input", channels_last(gin), gin.dtype(), [&](bool nhwc) {
     const Tensor gy = input_in(gy0, nhwc), w = input_in(w0, nhwc), gx = output_in(gin, nhwc);
     const int64_t N = gx.size(0), step = images_per_call("conv2d_backward_input", N, gx, gy);
     for (int64_t n0 = 0; n0 < N; n0 += step)
@@ -665,7 +715,7 @@ void conv2d_backward_weight_cuda(const KernelArgs& k) {
     fill_on_device(gw0, 0.0);
     return;
   }
-  in_layout("conv2d_backward_weight", channels_last(gy0) || channels_last(x0), [&](bool nhwc) {
+  in_layout("conv2d_backward_weight", channels_last(gy0) || channels_last(x0), gw0.dtype(), [&](bool nhwc) {
     const Tensor gy = input_in(gy0, nhwc), x = input_in(x0, nhwc), gw = output_in(gw0, nhwc);
     const int64_t N = x.size(0), step = images_per_call("conv2d_backward_weight", N, x, gy);
     for (int64_t n0 = 0; n0 < N; n0 += step)  // chunks after the first add into the gradient
@@ -678,6 +728,18 @@ void conv2d_backward_weight_cuda(const KernelArgs& k) {
 }  // namespace
 
 int64_t cudnn_version() { return static_cast<int64_t>(cudnnGetVersion()); }
+
+void prepare_cudnn(int device) {
+  // A graph without convolutions must not fail because cuDNN cannot start (a library missing at run time):
+  // say so here; a convolution inside the capture then fails with the handle's own error.
+  try {
+    cudnn_state(device);
+  } catch (const Error& e) {
+    log(LogLevel::Warn, "cuDNN could not be prepared before the CUDA graph capture: {}", e.what());
+  }
+}
+void set_cudnn_heuristic_bad_param_for_testing(int calls) { g_forced_bad_param.store(calls, std::memory_order_relaxed); }
+int64_t cudnn_layout_retries() { return g_layout_retries.load(std::memory_order_relaxed); }
 
 int64_t cudnn_cache_size() {
   int64_t n = 0;
@@ -708,6 +770,9 @@ void register_conv_cuda() {
 int64_t cudnn_version() { return 0; }
 int64_t cudnn_cache_size() { return 0; }
 int64_t cudnn_benchmark_runs() { return 0; }
+void prepare_cudnn(int) {}
+void set_cudnn_heuristic_bad_param_for_testing(int) {}
+int64_t cudnn_layout_retries() { return 0; }
 
 void register_conv_cuda() {
   log(LogLevel::Debug, "conv2d has no CUDA kernel: this build has no cuDNN (cudnn.h/libcudnn were not found)");

@@ -262,3 +262,66 @@ TEST(CudaConv, DeterministicModeIsBitIdentical) {
     }
   }
 }
+
+// A 16-bit NCHW problem whose heuristics query answers CUDNN_STATUS_BAD_PARAM (forced here, as cuDNN 9's
+// legacy API does for some layouts) is retried channels-last and gives the CPU's result.
+TEST(CudaConv, SixteenBitNchwRetriesChannelsLastOnBadParam) {
+  AF_SKIP_WITHOUT_CUDNN();
+  CudnnSwitches keep;
+  cuda::set_cudnn_benchmark(false);
+  const Conv2dAttrs a = make_attrs(1, 1, 1, 1);
+  for (DType dt : {DType::F16, DType::BF16}) {
+    // a shape no other test uses, so that no algorithm is cached for it yet
+    const Tensor x = random_cpu(Shape{3, 10, 9, 11}, dt, 670), w = random_cpu(Shape{14, 10, 3, 3}, dt, 671);
+    const int64_t retries = cuda::cudnn_layout_retries();
+    cuda::set_cudnn_heuristic_bad_param_for_testing(1);
+    const Tensor y = ops::conv2d(to_cuda(x), to_cuda(w), Tensor(), a);
+    cuda::set_cudnn_heuristic_bad_param_for_testing(0);
+    EXPECT_EQ(cuda::cudnn_layout_retries(), retries + 1) << "one retry, in channels-last";
+    EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::Contiguous) << "the output keeps its NCHW layout";
+    expect_matches_cpu(y, ops::conv2d(x, w, Tensor(), a), std::string("retried forward ") + dtype_name(dt).data(),
+                       scale_for(dt));
+  }
+  // F32 NCHW has no other layout: the forced BAD_PARAM surfaces as NotImplemented naming the query's answer.
+  const Tensor x = random_cpu(Shape{3, 10, 9, 13}, DType::F32, 672), w = random_cpu(Shape{14, 10, 3, 3}, DType::F32, 673);
+  cuda::set_cudnn_heuristic_bad_param_for_testing(1);
+  try {
+    (void)ops::conv2d(to_cuda(x), to_cuda(w), Tensor(), a);
+    cuda::set_cudnn_heuristic_bad_param_for_testing(0);
+    FAIL() << "expected NotImplemented";
+  } catch (const Error& e) {
+    cuda::set_cudnn_heuristic_bad_param_for_testing(0);
+    EXPECT_EQ(e.kind(), ErrorKind::NotImplemented) << e.what();
+    EXPECT_NE(std::string(e.what()).find("BAD_PARAM"), std::string::npos) << e.what();
+  }
+}
+
+// Inside a CUDA graph capture, benchmark mode refuses a problem it has not timed yet (timing runs and waits
+// for kernels) with an error that says what to do; a problem timed before the capture runs from the cache.
+TEST(CudaConv, BenchmarkModeRefusesToTimeInsideACapture) {
+  AF_SKIP_WITHOUT_CUDNN();
+  CudnnSwitches keep;
+  cuda::set_cudnn_benchmark(true);
+  const Conv2dAttrs a = make_attrs(1, 1, 1, 1);
+  const Tensor x = to_cuda(random_cpu(Shape{2, 6, 12, 12}, DType::F32, 680));
+  const Tensor w = to_cuda(random_cpu(Shape{8, 6, 3, 3}, DType::F32, 681));
+  const Tensor w_new = to_cuda(random_cpu(Shape{9, 6, 3, 3}, DType::F32, 682));
+  const Tensor y_eager = ops::conv2d(x, w, Tensor(), a);  // timed and cached eagerly
+  cuda::synchronize();
+  cuda::Graph g(0);
+  g.capture_begin();
+  Tensor y_captured;
+  std::string refused;
+  try {
+    y_captured = ops::conv2d(x, w, Tensor(), a);  // cached: captured
+    (void)ops::conv2d(x, w_new, Tensor(), a);    // never timed: refused
+  } catch (const Error& e) {
+    refused = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+  }
+  g.capture_end();  // nothing that invalidates the capture ran
+  EXPECT_NE(refused.find("benchmark mode cannot time algorithms inside a CUDA graph capture"), std::string::npos)
+      << refused;
+  g.replay();
+  expect_identical(y_captured, to_cpu(y_eager), "the captured convolution replays the eager result");
+}

@@ -70,6 +70,14 @@ int64_t cudnn_version();
 // Test hooks: algorithm choices cached so far (all devices), and cudnnFind runs (benchmark mode) so far.
 int64_t cudnn_cache_size();
 int64_t cudnn_benchmark_runs();
+// Test hooks for the retries (conv.cpp, blas.cpp): the next `calls` cuDNN heuristics queries answer
+// CUDNN_STATUS_BAD_PARAM, and the next `calls` cuBLASLt heuristic queries find no algorithm, as the
+// libraries do for problems they have no kernel for; and how many retries each has made so far (a
+// convolution in another layout, a GEMM from packed, aligned copies).
+void set_cudnn_heuristic_bad_param_for_testing(int calls);
+int64_t cudnn_layout_retries();
+void set_gemm_no_algorithm_for_testing(int calls);
+int64_t gemm_aligned_retries();
 
 // The streams of a device as opaque ids (the cudaStream_t value), for the allocator's record_stream and
 // for code that launches its own work. Creates them on first use. Throws when no such device exists.
@@ -111,10 +119,13 @@ class Uploader {
 };
 
 // ---- host synchronisation ----------------------------------------------------------------------------
-// How many times this process has waited on the host for CUDA work so far: synchronize(), copies to the
-// CPU (item(), to("cpu")), transfers from pinned memory, cross-device copies. A training step that keeps
-// its decisions on the device (GradScaler, the optimizer's step count) leaves it unchanged; tests assert
-// that. 0 without the backend.
+// How many times this process has waited on the host for CUDA work so far, on any thread: synchronize(),
+// copies to the CPU (item(), to("cpu")), transfers from pageable or pinned memory, cross-device copies, the
+// start of a graph capture, the uploader's staging-buffer waits, and the caching allocator's own waits
+// (event and stream synchronisations before unmapping memory, on the out-of-memory retry, when an event
+// could not be recorded: memory::host_wait_count(), the one counter behind this). A training step that
+// keeps its decisions on the device (GradScaler, the optimizer's step count) leaves it unchanged; tests
+// assert that. Without the backend it counts only what memory/ notes (nothing on a CPU-only machine).
 uint64_t host_sync_count();
 
 // ---- CUDA graphs ----------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include <mutex>
 
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/cuda/register.h"
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/memory/caching_allocator.h"
 #include "ampforge/memory/cuda_provider.h"
@@ -107,6 +108,7 @@ Graph::~Graph() {
   if (g.graph != nullptr) AF_CUDA_WARN(cudaGraphDestroy(g.graph));
   if (g.pool != nullptr) {
     // Replays may still be running: they use the pool's memory.
+    count_host_sync();
     AF_CUDA_WARN(cudaStreamSynchronize(device_state(g.device).compute));
     try {
       g.pool->empty_cache();
@@ -129,6 +131,10 @@ void Graph::capture_begin() {
     g.pool = new memory::CachingAllocator(*g.provider, memory::PolicyConfig::pytorch());
     register_pool(g.device, g.pool);
   }
+  // Library handles and workspaces exist before the capture: creating them inside it (cudnnCreate,
+  // cublasLtCreate, the workspace's allocation) would be captured or invalidate the capture.
+  prepare_blas(g.device);
+  prepare_cudnn(g.device);
   // Work queued before the capture must not be confused with captured work: it runs first.
   count_host_sync();
   AF_CUDA_CHECK(cudaStreamSynchronize(s.compute));

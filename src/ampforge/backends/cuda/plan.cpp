@@ -128,4 +128,10 @@ std::optional<GemmOperand> gemm_operand(int64_t R, int64_t C, int64_t rs, int64_
   return std::nullopt;
 }
 
+std::vector<bool> conv_layout_attempts(bool nhwc, bool sixteen_bit) {
+  if (nhwc) return {true, false};
+  if (sixteen_bit) return {false, true};
+  return {false};
+}
+
 }  // namespace ampforge::cuda

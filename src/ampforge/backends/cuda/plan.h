@@ -158,4 +158,10 @@ struct GemmOperand {
 };
 std::optional<GemmOperand> gemm_operand(int64_t R, int64_t C, int64_t rs, int64_t cs);
 
+// The layouts a cuDNN convolution is tried in, in order (true: channels-last): the call's own layout
+// first; a channels-last problem then NCHW (cuDNN's generic kernels cover any NCHW problem), a 16-bit
+// NCHW problem then channels-last (cuDNN's F16/BF16 tensor-core kernels are NHWC kernels, and some
+// versions have nothing else for a problem); an F32 NCHW problem has no other layout to try.
+std::vector<bool> conv_layout_attempts(bool nhwc, bool sixteen_bit);
+
 }  // namespace ampforge::cuda

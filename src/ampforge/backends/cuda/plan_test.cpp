@@ -3,6 +3,7 @@
 //     visit every output element once with the right input elements, in the output's memory order;
 //   - reduction plans: emulating the kernels' addressing on the host reproduces the CPU's sum and argmax;
 //   - GEMM operand mapping: emulating the column-major product cuBLASLt computes reproduces matmul;
+//   - the layouts a cuDNN convolution is retried in;
 //   - error reporting: CUDA/cuBLAS failures name the call, the place and the library's error;
 //   - without a GPU the backend reports itself unavailable and CUDA tensors fail with a clear message.
 #if defined(AMPFORGE_WITH_CUDA)
@@ -173,6 +174,14 @@ TEST(CudaPlan, GemmOperandMappingReproducesMatmul) {
     }
   EXPECT_FALSE(gemm_operand(4, 4, 8, 2)) << "no unit stride: the caller copies";
   EXPECT_TRUE(gemm_operand(1, 1, 0, 0)) << "1 x 1: any strides";
+}
+
+TEST(CudaPlan, ConvolutionLayoutRetries) {
+  using L = std::vector<bool>;  // true: channels-last
+  EXPECT_EQ(conv_layout_attempts(true, false), (L{true, false})) << "channels-last F32: then NCHW";
+  EXPECT_EQ(conv_layout_attempts(true, true), (L{true, false})) << "channels-last 16-bit: then NCHW";
+  EXPECT_EQ(conv_layout_attempts(false, true), (L{false, true})) << "NCHW 16-bit: then channels-last (tensor cores)";
+  EXPECT_EQ(conv_layout_attempts(false, false), (L{false})) << "NCHW F32: generic kernels cover it";
 }
 
 TEST(CudaRuntime, ErrorsNameTheCallThePlaceAndTheLibraryError) {

@@ -22,6 +22,11 @@ void register_norm_cuda();         // norm.cu: batch_norm, layer_norm (+ backwar
 void register_embedding_cuda();    // embedding.cu: embedding, embedding_backward
 void register_attention_cuda();    // attention.cu: attention, attention_backward (flash-style, deterministic)
 
+// Library handles and persistent workspaces of `device`, created now if they do not exist yet: called
+// before a CUDA graph capture begins (creating them inside one would be captured or invalidate it).
+void prepare_blas(int device);   // blas.cpp: the cuBLASLt handle and workspace
+void prepare_cudnn(int device);  // conv.cpp: the cuDNN handle (nothing without cuDNN)
+
 // dst <- src on one CUDA device (both tensors there): broadcasting, any strides, any dtype conversion.
 void copy_on_device(const Tensor& dst, const Tensor& src);
 // Fills t (on a CUDA device) with `value` converted to its dtype.

@@ -5,6 +5,7 @@
 #include "ampforge/backends/cuda/register.h"
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/core/allocator.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/util/log.h"
 
 namespace ampforge {
@@ -15,6 +16,9 @@ bool register_cuda_backend() {
     return false;
   }
   set_allocator(DeviceType::CUDA, cuda::cuda_allocator());
+  // memory::caching_allocator_for(cuda:N), and so memory::trace_start/step/allocator_stats(Device) and the
+  // profiler's memory samples, reach each device's caching allocator.
+  memory::set_caching_allocator_resolver(DeviceType::CUDA, [](int device) { return cuda::caching_allocator(device); });
   cuda::register_copy_cuda();
   cuda::register_elementwise_cuda();
   cuda::register_unary_cuda();

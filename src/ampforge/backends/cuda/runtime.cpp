@@ -206,8 +206,6 @@ PoolRegistry& pool_registry() {
   return *r;
 }
 
-std::atomic<uint64_t> g_host_syncs{0};
-
 // The allocation for `device` on this thread: the capture pool, or the main allocator on the compute or
 // (inside CopyStreamAllocationGuard) the copy stream.
 void* route_allocation(int device, size_t nbytes) {
@@ -268,8 +266,9 @@ void register_pool(int device, memory::CachingAllocator* pool) {
   reg.any.store(true, std::memory_order_release);
 }
 
-void count_host_sync() noexcept { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
-uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
+// One process-wide counter, shared with the caching allocator's event and stream waits (memory/provider.h).
+void count_host_sync() noexcept { memory::note_host_wait(); }
+uint64_t host_sync_count() { return memory::host_wait_count(); }
 
 DeviceState& device_state(int device) {
   auto& v = slots();

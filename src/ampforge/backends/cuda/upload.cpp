@@ -54,6 +54,7 @@ Uploader::~Uploader() {
     DeviceGuard guard(device_);
     for (auto& b : impl_->buffers) {
       if (b.done != nullptr) {
+        count_host_sync();
         AF_CUDA_WARN(cudaEventSynchronize(b.done));
         AF_CUDA_WARN(cudaEventDestroy(b.done));
       }
@@ -79,6 +80,7 @@ std::vector<Tensor> Uploader::upload(const std::vector<Tensor>& host, uint64_t* 
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl::Buffer& buf = impl_->buffers[impl_->next++ % impl_->buffers.size()];
   // The previous copy out of this buffer must be done before we overwrite it (a worker-side wait).
+  count_host_sync();
   AF_CUDA_CHECK(cudaEventSynchronize(buf.done));
   if (buf.capacity < total) {
     if (buf.host != nullptr) AF_CUDA_CHECK(cudaFreeHost(buf.host));
