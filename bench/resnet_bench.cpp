@@ -6,8 +6,9 @@
 // batch 8 of 3x224x224 synthetic images (fixed random input, channels-last as ampforge's data loader
 // delivers it; PyTorch gets its faster of NCHW and channels_last), warm-up steps not timed, then the median
 // and mean of N timed steps, and the median process CPU time per step (all threads; on a machine shared with
-// other jobs the wall time inflates, the CPU time much less). "fp32" is true F32 on both sides (no TF32 on a CPU). One profiled step (our
-// profiler: op self times and the forward/backward/optimizer split) shows where the time goes.
+// other jobs the wall time inflates, the CPU time much less). "fp32" is true F32 on both sides (no TF32 on a
+// CPU). One profiled step (our profiler: op self times, the forward/backward/optimizer split) shows where the
+// time goes.
 // Never pass/fail. Usage: resnet_bench [--threads N] [--steps N] [--warmup N] [--batch N] [--size N]
 //                                      [--optimizer sgd|adamw] [--precision fp32,bf16] [--no-peer] [--profile]
 #include <algorithm>
@@ -128,8 +129,8 @@ Timing ampforge_step_times(const Args& a, af::DType precision, bool profile) {
     const auto& st = r.step;
     const double ms = 1e-6;
     std::printf("\n  one profiled %s step: %.0f ms = forward %.0f + backward %.0f + optimizer %.0f + other %.0f ms\n",
-                std::string(af::dtype_name(precision)).c_str(), st.step_ns * ms, st.forward_ns * ms, st.backward_ns * ms,
-                st.optimizer_ns * ms, st.other_ns * ms);
+                std::string(af::dtype_name(precision)).c_str(), st.step_ns * ms, st.forward_ns * ms,
+                st.backward_ns * ms, st.optimizer_ns * ms, st.other_ns * ms);
     std::printf("  %-28s %7s %10s %7s\n", "op (self time)", "calls", "ms", "share");
     for (size_t i = 0; i < std::min<size_t>(r.ops.size(), 12); ++i)
       std::printf("  %-28s %7lld %10.1f %6.1f%%\n", r.ops[i].name.c_str(), static_cast<long long>(r.ops[i].calls),
@@ -199,7 +200,8 @@ int main(int argc, char** argv) {
         const char* fmts[2] = {"nchw", "channels_last"};
         for (int k = 0; k < 2; ++k)
           if (res.contains(fmts[k]))
-            cells[k] = fmt::format("{:.3f} [{:.3f}]", res[fmts[k]]["median"].get<double>(), res[fmts[k]]["mean"].get<double>());
+            cells[k] = fmt::format("{:.3f} [{:.3f}]", res[fmts[k]]["median"].get<double>(),
+                                   res[fmts[k]]["mean"].get<double>());
         const double best = res[(*peer)["best"].get<std::string>()]["median"].get<double>();
         ratio = fmt::format("{:.2f}x", best / ours.median);
         const auto& b = res[(*peer)["best"].get<std::string>()];

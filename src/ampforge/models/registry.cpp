@@ -68,8 +68,8 @@ std::shared_ptr<ResNet> r152(ResNetOptions o) { return resnet152(o); }
 
 void register_builtin_models(ModelRegistry& r) {
   const ModelOptions small{};  // 1x28x28, 10 classes (Fashion-MNIST)
-  r.add({"cnn", "classification", "small CNN: 2x (conv3x3-BN-ReLU-maxpool), linear 128, linear (Fashion-MNIST baseline)",
-         small, [](const ModelOptions& o) { return small_cnn(o); }, {}});
+  r.add({"cnn", "classification",
+         "small CNN: 2x (conv3x3-BN-ReLU-maxpool), linear 128, linear (Fashion-MNIST baseline)", small, [](const ModelOptions& o) { return small_cnn(o); }, {}});
   r.add({"resnet-small", "classification", "small ResNet for 28x28: 3 stages of 2 BasicBlocks (16/32/64 channels)",
          small, [](const ModelOptions& o) { return small_resnet(o); }, {}});
   const ModelOptions in1k = imagenet();

@@ -26,7 +26,8 @@ std::string plural(size_t n, const char* one, const char* many) {
 std::string LoadReport::str() const {
   const size_t model_keys = loaded_keys.size() + missing_keys.size() + mismatched_keys.size();
   std::string s = "loaded " + std::to_string(loaded_keys.size()) + " of " + std::to_string(model_keys) + " keys";
-  if (!missing_keys.empty()) s += "; " + plural(missing_keys.size(), "missing key", "missing keys") + ": " + join(missing_keys);
+  if (!missing_keys.empty())
+    s += "; " + plural(missing_keys.size(), "missing key", "missing keys") + ": " + join(missing_keys);
   if (!unexpected_keys.empty())
     s += "; " + plural(unexpected_keys.size(), "unexpected key", "unexpected keys") + ": " + join(unexpected_keys);
   if (!mismatched_keys.empty()) {

@@ -24,7 +24,8 @@ nn::ModulePtr tiny() {
 }
 
 bool same_values(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && ops::to_dtype(a, DType::F64).tolist<double>() == ops::to_dtype(b, DType::F64).tolist<double>();
+  return a.shape() == b.shape() &&
+         ops::to_dtype(a, DType::F64).tolist<double>() == ops::to_dtype(b, DType::F64).tolist<double>();
 }
 
 nn::NamedTensors clone_state(const nn::Module& m) {
@@ -55,7 +56,8 @@ TEST(LoadStateDict, ReportsMissingUnexpectedAndMisShapedKeysByName) {
   nn::LoadOptions lo;
   lo.strict = false;
   const nn::LoadReport r = nn::load_state_dict(*m, state, lo);
-  EXPECT_EQ(r.loaded_keys, (std::vector<std::string>{"0.weight", "1.weight", "1.bias", "1.running_mean", "1.running_var"}));
+  EXPECT_EQ(r.loaded_keys,
+            (std::vector<std::string>{"0.weight", "1.weight", "1.bias", "1.running_mean", "1.running_var"}));
   EXPECT_EQ(r.missing_keys, (std::vector<std::string>{"1.num_batches_tracked"}));
   EXPECT_EQ(r.unexpected_keys, (std::vector<std::string>{"head.weight"}));
   ASSERT_EQ(r.mismatched_keys.size(), 1u);
@@ -91,7 +93,8 @@ TEST(LoadStateDict, StrictListsEverythingInOneErrorAndLoadsNothing) {
       EXPECT_NE(msg.find(s), std::string::npos) << s << " not in: " << msg;
   }
   const nn::NamedTensors after = m->state_dict();
-  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(same_values(after[i].second, before[i].second)) << after[i].first;
+  for (size_t i = 0; i < after.size(); ++i)
+    EXPECT_TRUE(same_values(after[i].second, before[i].second)) << after[i].first;
   // A fitting state loads fully and reports it.
   nn::ModulePtr other = tiny();
   const nn::LoadReport ok = nn::load_state_dict(*other, before);
