@@ -36,6 +36,7 @@ install(TARGETS ampforge EXPORT ampforgeTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS ampforge_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/bench/peer/torch_bench_peer.py DESTINATION ${CMAKE_INSTALL_DATADIR}/ampforge/peer)
 if(TARGET ampforge_cupti_injection)
   set_target_properties(ampforge_cupti_injection PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)  # libcupti
   install(TARGETS ampforge_cupti_injection LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -49,6 +49,11 @@ std::vector<Tensor> Uploader::upload(const std::vector<Tensor>&, uint64_t*) { no
 void Uploader::ready(const std::vector<Tensor>&, uint64_t) { no_device(device_); }
 void Uploader::discard(uint64_t) noexcept {}
 bool is_capturing() { return false; }
+EventTimer::EventTimer(int device) : device_(device), impl_(nullptr) { no_device(device); }
+EventTimer::~EventTimer() = default;
+void EventTimer::mark() { no_device(device_); }
+std::vector<double> EventTimer::intervals() { no_device(device_); }
+int64_t EventTimer::marks() const { return 0; }
 
 namespace {
 [[noreturn]] void no_graphs() {

@@ -30,6 +30,7 @@
 #include "ampforge/tasks/classification.h"
 #include "ampforge/train/recipe.h"
 #include "ampforge/train/step.h"
+#include "ampforge/train/workload.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/util/timer.h"
@@ -38,9 +39,6 @@ namespace ampforge::cli {
 
 namespace {
 
-// The input every model of `ampforge train` takes: 1x28x28 images, 10 classes (MNIST, Fashion-MNIST, and
-// the synthetic set all have this shape).
-constexpr int64_t kChannels = 1, kImageSize = 28, kClasses = 10;
 
 struct FitArgs {
   std::string model, budget, precision = "fp32", optimizer = "adamw";
@@ -48,6 +46,7 @@ struct FitArgs {
   int64_t max_batch = 65536;
   int64_t steps = 2;
   int64_t batch = 0;  // > 0: check this one batch size instead of searching
+  int64_t image_size = 0;  // 0: the model's default input (its registry entry)
   int threads = 0;
   bool json = false;
 };
@@ -56,6 +55,7 @@ struct ProbeSetup {
   train::TrainConfig cfg;  // model, optimizer, precision, master weights: as `ampforge train` would use them
   int64_t budget = 0;
   int64_t steps = 2;
+  int64_t image_size = 0;
 };
 
 // The memory one probe runs on. Heap-allocated: storages keep a pointer to their allocator, so if any
@@ -127,24 +127,20 @@ memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
   {
     CpuAllocatorScope scope(&alloc);
     try {
-      manual_seed(s.cfg.seed);  // the same initial weights in every probe
-      models::ModelOptions mo;
-      mo.in_channels = kChannels;
-      mo.num_classes = kClasses;
-      mo.image_size = kImageSize;
-      nn::ModulePtr model = models::create(s.cfg.model, mo);
+      // The model at its registry input (or --image-size), its task and a synthetic batch of that shape, in
+      // the layout the data loader produces; the same seed, so the same initial weights in every probe.
+      train::WorkloadOptions wo;
+      wo.batch = batch;
+      wo.image_size = s.image_size;
+      wo.seed = s.cfg.seed;
+      train::Workload w = train::make_workload(s.cfg.model, wo);
+      nn::ModulePtr model = w.module;
       if (s.cfg.master_weights) model->to(s.cfg.precision);
       std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(s.cfg, *model);
       amp::GradScaler scaler(train::grad_scaler_options(s.cfg.precision));
-      // Synthetic input in the layout the data loader produces (channels-last, normalised-looking values).
-      Generator gen(s.cfg.seed + 1);
-      Tensor x = Tensor::empty({batch, kChannels, kImageSize, kImageSize}, DType::F32, kCPU,
-                               MemoryFormat::ChannelsLast);
-      ops::normal_(x, 0.0, 1.0, &gen);
-      Tensor y = Tensor::empty({batch}, DType::I64);
-      for (int64_t i = 0; i < batch; ++i) y.data<int64_t>()[i] = i % kClasses;
-      tasks::ClassificationTask task;
-      const data::Batch micro[1] = {data::Batch{x, y}};
+      tasks::Task& task = *w.task;
+      const data::Batch micro[1] = {w.batch};
+      const Tensor x = w.batch.x, y = w.batch.y;
 
       model->train();
       train::StepOptions so;
@@ -220,6 +216,9 @@ int run_fit(const FitArgs& a) {
   ProbeSetup s;
   s.budget = static_cast<int64_t>(budget_u);
   s.steps = a.steps;
+  AF_CHECK(a.image_size == 0 || (a.image_size >= 8 && a.image_size <= 4096),
+           "--image-size must be 0 (the model's default) or in [8, 4096], got {}", a.image_size);
+  s.image_size = a.image_size;
   s.cfg.model = a.model;
   s.cfg.optimizer = a.optimizer;
   s.cfg.precision = dtype_from_string(a.precision);
@@ -327,7 +326,9 @@ Command add_memory_fit_subcommand(CLI::App& memory) {
   auto a = std::make_shared<FitArgs>();
   auto* fit = memory.add_subcommand(
       "fit", "Find the largest batch size whose training step fits a memory budget, and where the memory goes");
-  fit->add_option("--model", a->model, "Model, as `ampforge train --model`: cnn | resnet-small")->required();
+  fit->add_option("--model", a->model, "Model, as `ampforge train --model` (`ampforge models` lists them)")->required();
+  fit->add_option("--image-size", a->image_size, "Square input size (0: the model's default, e.g. 224 for resnet50)")
+      ->capture_default_str();
   fit->add_option("--budget", a->budget, "Device memory to fit in, e.g. 16GiB or 512MiB")->required();
   fit->add_option("--precision", a->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "ampforge/ampforge.h"
 #include "ampforge/backends/cuda/gpu_testutil.h"
@@ -186,4 +187,37 @@ TEST(CudaTrainer, LearnsLikeTheCpuWithAndWithoutGraphs) {
   EXPECT_GT(graphs.graph_nodes, 1) << "graphs must reduce launches per step (one graph launch replaces them)";
   // Loss reads every 7 steps, one per epoch end, the evaluation reads: far fewer than one per step.
   EXPECT_LT(gpu.host_syncs, static_cast<int64_t>(gpu.steps) / 2);
+}
+
+// `train --device cuda --memory-trace` records the CUDA caching allocator of the training device (its
+// header names the device), with step boundaries, and the peak it reports is that allocator's.
+TEST(CudaTrainer, MemoryTraceRecordsTheTrainingDevicesAllocator) {
+  AF_SKIP_WITHOUT_CUDA();
+  const std::string path = ::testing::TempDir() + "cuda_train.memtrace";
+  train::TrainConfig c;
+  c.dataset = "synthetic";
+  c.synthetic_size = 256;
+  c.batch_size = 64;
+  c.epochs = 1;
+  c.progress = false;
+  c.verbose = false;
+  c.device = "cuda";
+  c.memory_trace = path;
+  const train::TrainResult r = train::train(c);
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good());
+  std::string header, line;
+  std::getline(in, header);
+  std::getline(in, header);
+  EXPECT_NE(header.find("cuda:0"), std::string::npos) << header;
+  int64_t steps = 0, allocs = 0;
+  while (std::getline(in, line)) {
+    if (line == "s") ++steps;
+    else if (!line.empty() && line[0] == 'a') ++allocs;
+  }
+  EXPECT_EQ(steps, r.steps);
+  EXPECT_GT(allocs, 0);
+  const auto st = memory::allocator_stats(Device(DeviceType::CUDA, 0));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(r.peak_memory_bytes, st->reserved.peak);
 }

@@ -133,7 +133,12 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   optim::Optimizer& opt = *opt_;
   const Stopwatch wall;
   if (auto* ca = memory::installed_caching_allocator()) ca->reset_peak_stats();
-  if (!o_.memory_trace.empty()) memory::trace_start(o_.memory_trace);
+  // The peak and the trace are those of the training device's allocator (the CUDA caching allocator when
+  // training there), not the host's.
+  if (on_cuda) {
+    if (auto* ca = memory::caching_allocator_for(dev)) ca->reset_peak_stats();
+  }
+  if (!o_.memory_trace.empty()) memory::trace_start(o_.memory_trace, dev);
 
   // ---- data
   data::LoaderOptions lo = o_.loader;
@@ -212,7 +217,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   std::pair<int64_t, int64_t> prof_steps{0, -1};
   if (o_.profile || !o_.trace.empty()) {
     if (!o_.profile_steps.empty()) prof_steps = parse_profile_steps(o_.profile_steps);
-    prof = std::make_unique<profiler::Session>();
+    prof = std::make_unique<profiler::Session>(profiler::SessionOptions{.memory_device = dev});
   }
   auto profile_window = [&](int64_t step) {  // open or close the profiled window at a step boundary
     if (!prof) return;
@@ -294,7 +299,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       }
       profiler::sample_memory();
       ++pos.global_step;
-      if (!o_.memory_trace.empty()) memory::step();  // a step boundary in the trace and the timeline
+      if (!o_.memory_trace.empty()) memory::step(dev);  // a step boundary in the trace and the timeline
       b_in_epoch += n_micro;
       epoch_samples += step_samples;
       bar.update((b_in_epoch + k - 1) / k,
@@ -357,7 +362,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.data_wait_seconds = train_loader.wait_seconds();
   if (on_cuda) r.host_syncs = static_cast<int64_t>(cuda::host_sync_count() - syncs_before);
   r.wall_seconds = wall.seconds();
-  if (!o_.memory_trace.empty()) memory::trace_stop();
+  if (!o_.memory_trace.empty()) memory::trace_stop(dev);
   memory::CachingAllocator* cuda_alloc = on_cuda ? cuda::caching_allocator(dev.index) : nullptr;
   if (cuda_alloc != nullptr) {
     const memory::AllocatorStats st = cuda_alloc->stats();

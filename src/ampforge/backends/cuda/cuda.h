@@ -118,6 +118,28 @@ class Uploader {
   Impl* impl_;
 };
 
+// ---- device-side timing ---------------------------------------------------------------------------
+// Times work queued on a device's compute stream with CUDA timing events (what `ampforge bench` reports
+// for a GPU: the device's time per step, not the host's enqueue time). mark() records an event on the
+// compute stream (no host wait); intervals() waits once for the last mark and returns the seconds between
+// consecutive marks (mark i to mark i+1), in order. Marks made during a graph capture are refused.
+class EventTimer {
+ public:
+  explicit EventTimer(int device);  // throws InvalidArgument when the device does not exist
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+
+  void mark();
+  std::vector<double> intervals();
+  int64_t marks() const;
+
+ private:
+  struct Impl;
+  int device_;
+  Impl* impl_;
+};
+
 // ---- host synchronisation ----------------------------------------------------------------------------
 // How many times this process has waited on the host for CUDA work so far, on any thread: synchronize(),
 // copies to the CPU (item(), to("cpu")), transfers from pageable or pinned memory, cross-device copies, the

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""PyTorch peer of `ampforge bench`: full training steps of one model at one precision, as one JSON object.
+
+    python3 torch_bench_peer.py --model cnn|resnet50|... --precision fp32|tf32|fp16|bf16 --batch B
+                                [--image-size S] [--seq-len L] --steps N --warmup W [--device cpu|cuda[:N]]
+                                [--threads T] [--optimizer sgd|adamw] [--memory-format nchw|channels_last|both]
+
+The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
+fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through torch.cuda.amp.GradScaler for fp16),
+optimizer step (SGD momentum 0.9 or AdamW, lr 1e-3), on a fixed synthetic batch of the same shapes. The
+reference models are defined as ampforge's are (torchvision's resnet50; the small CNN of models/small.cpp) and
+report their parameter count, so a reader can check both sides train the same model. PyTorch runs at its best:
+for image models both memory formats are timed and the faster is "best". CUDA steps are timed with CUDA
+events; "fp32" is true FP32 (TF32 off for cuBLAS and cuDNN), "tf32" turns both on. A run that cannot work
+(e.g. PyTorch 1.13's CPU autocast has no float16) prints {"error": ...} and exits 0, so the caller shows it.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def small_cnn(image_size, classes=10):
+    s = image_size // 4
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * s * s, 128), nn.ReLU(), nn.Linear(128, classes))
+
+
+def classification(model, channels, image_size, classes, batch, device, memory_format):
+    """(model, batch, loss_fn) for an image classifier on N(0,1) images and spread labels."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, channels, image_size, image_size, generator=g)
+    y = torch.tensor([(i * 379 + 11) % classes for i in range(batch)])
+    model = model.to(device)
+    x, y = x.to(device), y.to(device)
+    if memory_format == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return model, (x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1])
+
+
+def build(name, a, memory_format):
+    """The reference model and its synthetic batch; image models only take a memory format."""
+    if name == "cnn":
+        size = a.image_size or 28
+        return classification(small_cnn(size), 1, size, 10, a.batch, a.device, memory_format)
+    if name.startswith("resnet") or name.startswith("resnext") or name.startswith("wide_resnet"):
+        import torchvision
+        size = a.image_size or 224
+        return classification(getattr(torchvision.models, name)(), 3, size, 1000, a.batch, a.device, memory_format)
+    raise ValueError(f"the peer has no reference model for '{name}'")
+
+
+def run(a, memory_format):
+    torch.manual_seed(0)
+    model, batch, loss_fn = build(a.model, a, memory_format)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cuda = a.device.startswith("cuda")
+    dev_type = "cuda" if cuda else "cpu"
+    amp = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+        torch.backends.cudnn.benchmark = True
+    elif a.precision == "tf32":
+        raise RuntimeError("tf32 is a CUDA tensor-core mode")
+    scaler = torch.cuda.amp.GradScaler(enabled=cuda and a.precision == "fp16")
+    if not cuda and a.precision == "fp16":
+        # PyTorch 1.13's CPU autocast supports bfloat16 only; a newer one may accept float16.
+        with torch.autocast("cpu", dtype=torch.float16):
+            pass
+    losses = []
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast(dev_type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn(model, batch)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.detach())
+
+    for _ in range(a.warmup):
+        step()
+    times, cpu = [], []
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
+        events[0].record()
+        for i in range(a.steps):
+            step()
+            events[i + 1].record()
+        torch.cuda.synchronize()
+        times = [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(a.steps)]
+    else:
+        for _ in range(a.steps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    med = statistics.median(times)
+    out = {"seconds": times, "median": med, "mean": statistics.fmean(times), "samples_per_sec": a.batch / med,
+           "parameters": params, "last_loss": float(losses[-1].float().cpu())}
+    if cpu:
+        out["cpu_median"] = statistics.median(cpu)
+    if cuda:
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--image-size", type=int, default=0)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--memory-format", choices=["nchw", "channels_last", "both"], default="both")
+    a = p.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device, "results": {}}
+    if a.device.startswith("cuda") and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(torch.device(a.device))
+    formats = ["nchw", "channels_last"] if a.memory_format == "both" else [a.memory_format]
+    try:
+        for fmt in formats:
+            out["results"][fmt] = run(a, fmt)
+        out["best"] = min(out["results"], key=lambda k: out["results"][k]["median"])
+    except (RuntimeError, ValueError, AssertionError) as e:
+        out["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

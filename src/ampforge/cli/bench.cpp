@@ -1,0 +1,372 @@
+// `ampforge bench`: the brief's FP32-vs-FP16 table on this machine — full training steps of the brief's
+// models at each precision (train/benchmark.h), with PyTorch running the same models, batches and
+// precisions in its own process beside each cell (bench/peer/torch_bench_peer.py). Methodology:
+// docs/BENCH.md.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/cli/bench_report.h"
+#include "ampforge/cli/commands.h"
+#include "ampforge/util/thread_pool.h"
+#include "ampforge/hw/host_probe.h"
+#include "ampforge/hw/subprocess.h"
+#include "ampforge/memory/global.h"
+#include "ampforge/models/registry.h"
+#include "ampforge/train/benchmark.h"
+#include "ampforge/util/build_info.h"
+#include "ampforge/util/error.h"
+
+namespace ampforge::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The brief's rows, in its order.
+const std::vector<std::string> kBriefModels = {"resnet50", "bert-base", "yolov8n", "yolov8s"};
+
+// Sizes per model: the brief's on a GPU (or with --full); on a CPU reduced ones, so that the default table
+// (four models x three precisions, ampforge and the peer) finishes in minutes on two cores.
+struct Sizes {
+  int64_t batch, size;  // size: the square image side, or the sequence length for sequence models
+};
+Sizes default_sizes(const std::string& model, const std::string& task, bool full) {
+  const bool seq = task == "masked_lm";
+  if (model == "resnet50") return full ? Sizes{256, 224} : Sizes{8, 128};
+  if (model == "bert-base") return full ? Sizes{64, 128} : Sizes{4, 64};
+  if (model == "yolov8n" || model == "yolov8s") return full ? Sizes{16, 640} : Sizes{2, 320};
+  return seq ? Sizes{full ? 64 : 8, full ? 128 : 64} : Sizes{full ? 256 : 64, 0};
+}
+
+struct BenchFlags {
+  std::string models, precisions, device = "cpu", batches, peer = "auto", markdown, svg, optimizer = "sgd";
+  int64_t image_size = 0, seq_len = 0;
+  int warmup = -1, steps = -1, threads = 0;
+  bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false;
+  double peer_timeout = 1800;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::map<std::string, int64_t> parse_batches(const std::string& s) {
+  std::map<std::string, int64_t> out;
+  for (const std::string& item : split(s)) {
+    const size_t eq = item.find('=');
+    AF_CHECK(eq != std::string::npos && eq > 0, "--batch takes MODEL=N[,MODEL=N...], got '{}'", item);
+    int64_t n = 0;
+    try {
+      size_t used = 0;
+      n = std::stoll(item.substr(eq + 1), &used);
+      AF_CHECK(used == item.size() - eq - 1, "bad number");
+    } catch (const std::exception&) {
+      AF_THROW(InvalidArgument, "--batch {}: '{}' is not a number", item, item.substr(eq + 1));
+    }
+    AF_CHECK(n >= 1, "--batch {}: the batch must be >= 1", item);
+    out[item.substr(0, eq)] = n;
+  }
+  return out;
+}
+
+// The directory of the peer script: $AMPFORGE_PEER_DIR, the installation's share/ampforge/peer beside the
+// executable, or this source tree's bench/peer.
+std::string peer_script() {
+  const std::string name = "torch_bench_peer.py";
+  if (const char* env = std::getenv("AMPFORGE_PEER_DIR")) return (fs::path(env) / name).string();
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / AMPFORGE_INSTALL_DATADIR / "ampforge" / "peer" / name;
+    if (fs::exists(installed)) return installed.string();
+  }
+  return (fs::path(AMPFORGE_SOURCE_DIR) / "bench" / "peer" / name).string();
+}
+
+// The interpreter for --peer auto: $AMPFORGE_PEER_PYTHON, Debian's /usr/bin/python3, or python3 in PATH —
+// the first that imports torch. Empty when none does.
+std::string find_peer_python(const std::string& flag, std::string* torch_version, std::string* why) {
+  std::vector<std::string> candidates;
+  if (flag == "auto") {
+    if (const char* env = std::getenv("AMPFORGE_PEER_PYTHON")) candidates.push_back(env);
+    candidates.push_back("/usr/bin/python3");
+    candidates.push_back("python3");
+  } else {
+    candidates.push_back(flag);
+  }
+  for (const std::string& py : candidates) {
+    const hw::SubprocessResult r = hw::run_subprocess({py, "-c", "import torch; print(torch.__version__)"}, 120);
+    if (r.started && !r.timed_out && r.exit_code == 0 && !r.out.empty()) {
+      *torch_version = r.out.substr(0, r.out.find_first_of("\r\n"));
+      return py;
+    }
+    *why += fmt::format("{}: {}; ", py, !r.started ? r.error : r.timed_out ? "timed out" : "no torch");
+  }
+  return "";
+}
+
+BenchSide peer_cell(const std::string& python, const std::string& model, const std::string& precision, int64_t batch,
+                    int64_t size, bool seq, const BenchFlags& f, int warmup, int steps, int threads,
+                    std::string* gpu_name) {
+  std::vector<std::string> argv = {python, peer_script(), "--model", model, "--precision", precision,
+                                   "--batch", std::to_string(batch), "--steps", std::to_string(steps),
+                                   "--warmup", std::to_string(warmup), "--device", f.device,
+                                   "--threads", std::to_string(threads), "--optimizer", f.optimizer};
+  if (size > 0) {
+    argv.push_back(seq ? "--seq-len" : "--image-size");
+    argv.push_back(std::to_string(size));
+  }
+  BenchSide s;
+  const hw::SubprocessResult r = hw::run_subprocess(argv, f.peer_timeout);
+  if (!r.started || r.timed_out || r.exit_code != 0) {
+    s.error = !r.started ? "could not start: " + r.error
+              : r.timed_out ? fmt::format("timed out after {:.0f} s", f.peer_timeout)
+                            : fmt::format("the peer script exited with code {} (run {} by hand)", r.exit_code,
+                                          argv[1]);
+    return s;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(r.out);
+  } catch (const std::exception&) {
+    s.error = "unreadable peer output";
+    return s;
+  }
+  if (j.contains("gpu") && gpu_name->empty()) *gpu_name = j["gpu"].get<std::string>();
+  if (j.contains("error")) {
+    s.error = j["error"].get<std::string>();
+    return s;
+  }
+  const std::string best = j["best"].get<std::string>();
+  const auto& b = j["results"][best];
+  s.ok = true;
+  s.memory_format = best;
+  s.step_seconds = b["seconds"].get<std::vector<double>>();
+  s.median_seconds = b["median"].get<double>();
+  s.samples_per_sec = b["samples_per_sec"].get<double>();
+  s.mean_samples_per_sec = static_cast<double>(batch) / b["mean"].get<double>();
+  s.parameters = b["parameters"].get<int64_t>();
+  s.last_loss = b["last_loss"].get<double>();
+  s.timer = f.device == "cpu" ? "host clock" : "cuda events";
+  if (b.contains("peak_allocated_bytes")) s.peak_allocated_bytes = b["peak_allocated_bytes"].get<int64_t>();
+  if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b["peak_reserved_bytes"].get<int64_t>();
+  return s;
+}
+
+void write_file(const std::string& path, const std::string& text, const char* what) {
+  const fs::path tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    AF_CHECK(out.good(), "cannot write the {} file '{}'", what, path);
+    out << text;
+    out.flush();
+    AF_CHECK(out.good(), "writing the {} file '{}' failed (disk full?)", what, path);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  AF_CHECK(!ec, "cannot write the {} file '{}': {}", what, path, ec.message());
+}
+
+int run_bench(const BenchFlags& f) {
+  AF_CHECK(!(f.channels_last && f.nchw), "--channels-last and --nchw exclude each other");
+  AF_CHECK(f.threads >= 0, "--threads must be >= 0");
+  AF_CHECK(f.peer_timeout > 0, "--peer-timeout must be > 0");
+  AF_CHECK(f.optimizer == "sgd" || f.optimizer == "adamw", "--optimizer must be sgd or adamw, got '{}'", f.optimizer);
+  Device dev;
+  try {
+    dev = Device::parse(f.device);
+  } catch (const Error&) {
+    AF_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got '{}'", f.device);
+  }
+  AF_CHECK(dev.is_cpu() || dev.is_cuda(), "--device must be cpu, cuda or cuda:N, got '{}'", f.device);
+  if (dev.is_cuda())
+    AF_CHECK(dev.index < cuda::device_count(), "--device {}: no such CUDA device ({})", f.device,
+             cuda::device_count() == 0 ? cuda::unavailable_reason() : fmt::format("{} device(s)", cuda::device_count()));
+  AF_CHECK(!f.cuda_graphs || dev.is_cuda(), "--cuda-graphs needs --device cuda");
+  const bool full = f.full || dev.is_cuda();
+  if (f.threads > 0) set_num_threads(f.threads);
+  const int threads = get_num_threads();
+  memory::install_host_caching_allocator();
+
+  BenchReport rep;
+  rep.version = AMPFORGE_VERSION_STRING;
+  rep.device = dev.str();
+  rep.threads = threads;
+  rep.warmup = f.warmup >= 0 ? f.warmup : dev.is_cuda() ? 5 : 1;
+  rep.steps = f.steps >= 0 ? f.steps : dev.is_cuda() ? 20 : 3;
+  AF_CHECK(rep.steps >= 1, "--steps must be >= 1");
+  rep.optimizer = f.optimizer;
+  rep.channels_last = !f.nchw;
+  rep.cuda_graphs = f.cuda_graphs;
+  rep.full = full;
+  if (dev.is_cpu()) {
+    const hw::HostInfo host = hw::probe_host();
+    if (host.cpu_model.ok()) rep.device_name = *host.cpu_model;
+  }
+
+  // Models: the asked ones must exist; by default the brief's that this build has.
+  const auto& reg = models::model_registry();
+  std::vector<std::string> model_names;
+  if (f.models.empty()) {
+    for (const auto& m : kBriefModels) {
+      if (reg.find(m)) model_names.push_back(m);
+      else rep.unavailable_models.push_back(m);
+    }
+    AF_CHECK(!model_names.empty(), "none of the brief's models ({}) is in this build; name one with --models",
+             fmt::join(kBriefModels, ", "));
+  } else {
+    model_names = split(f.models);
+    for (const auto& m : model_names) reg.at(m);  // unknown names: InvalidArgument listing the known ones
+  }
+  std::vector<std::string> precisions =
+      f.precisions.empty() ? (dev.is_cuda() ? std::vector<std::string>{"fp32", "tf32", "fp16", "bf16"}
+                                            : std::vector<std::string>{"fp32", "bf16", "fp16"})
+                           : split(f.precisions);
+  for (const auto& p : precisions) train::bench_precision_from_string(p);
+  const auto batches = parse_batches(f.batches);
+  for (const auto& [m, n] : batches)
+    AF_CHECK(std::find(model_names.begin(), model_names.end(), m) != model_names.end(),
+             "--batch {}={}: {} is not among the benchmarked models", m, n, m);
+
+  std::string peer_python, why;
+  if (f.peer != "none") {
+    peer_python = find_peer_python(f.peer, &rep.peer_torch, &why);
+    AF_CHECK(!peer_python.empty() || f.peer == "auto", "--peer {}: cannot import torch ({})", f.peer, why);
+    rep.peer_python = peer_python;
+  }
+  rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
+                        : "reduced for a CPU (--full for the brief's): ";
+  bool first_size = true;
+
+  const int total_cells = static_cast<int>(model_names.size() * precisions.size());
+  int cell = 0;
+  for (const std::string& m : model_names) {
+    const models::ModelEntry& entry = reg.at(m);
+    const bool seq = entry.task == "masked_lm";
+    Sizes sz = default_sizes(m, entry.task, full);
+    if (auto it = batches.find(m); it != batches.end()) sz.batch = it->second;
+    if (!seq && f.image_size > 0) sz.size = f.image_size;
+    if (seq && f.seq_len > 0) sz.size = f.seq_len;
+    if (!full) {
+      rep.sizes_note += fmt::format("{}{} batch {}{}", first_size ? "" : ", ", m, sz.batch,
+                                    sz.size > 0 ? fmt::format(" {} {}", seq ? "seq" : "size", sz.size) : "");
+      first_size = false;
+    }
+    for (const std::string& p : precisions) {
+      ++cell;
+      BenchRow row;
+      row.model = m;
+      row.precision = p;
+      row.batch = sz.batch;
+      std::fprintf(stderr, "bench [%d/%d] %s %s batch %lld: ampforge ...", cell, total_cells, m.c_str(), p.c_str(),
+                   static_cast<long long>(sz.batch));
+      std::fflush(stderr);
+      try {
+        train::WorkloadOptions wo;
+        wo.batch = sz.batch;
+        if (seq) wo.seq_len = sz.size > 0 ? sz.size : wo.seq_len;
+        else wo.image_size = sz.size;
+        wo.device = dev;
+        wo.channels_last = !f.nchw;
+        train::Workload w = train::make_workload(m, wo);
+        row.input = w.input;
+        train::BenchmarkOptions bo;
+        bo.precision = train::bench_precision_from_string(p);
+        bo.warmup = rep.warmup;
+        bo.steps = rep.steps;
+        bo.optimizer = f.optimizer;
+        bo.cuda_graphs = f.cuda_graphs;
+        bo.on_step = [](int done, int all) {
+          std::fprintf(stderr, " %d/%d", done, all);
+          std::fflush(stderr);
+        };
+        const train::BenchmarkResult r = train::benchmark_training(w, bo);
+        row.ours.ok = true;
+        row.ours.samples_per_sec = r.samples_per_sec;
+        row.ours.mean_samples_per_sec = r.mean_samples_per_sec;
+        row.ours.median_seconds = r.median_seconds;
+        row.ours.step_seconds = r.step_seconds;
+        row.ours.peak_allocated_bytes = r.peak_allocated_bytes;
+        row.ours.peak_reserved_bytes = r.peak_reserved_bytes;
+        row.ours.parameters = r.parameters;
+        row.ours.last_loss = r.last_loss;
+        row.ours.timer = r.timer;
+        row.ours.memory_format = f.nchw ? "nchw" : "channels_last";
+        std::fprintf(stderr, " %.1f samples/s", r.samples_per_sec);
+      } catch (const Error& e) {
+        row.ours.error = e.what();
+        std::fprintf(stderr, " failed");
+      }
+      if (row.input.empty())
+        row.input = seq ? fmt::format("seq {}", sz.size) : sz.size > 0 ? fmt::format("{0}x{0}", sz.size) : "default";
+      if (!peer_python.empty()) {
+        std::fprintf(stderr, "; PyTorch ...");
+        std::fflush(stderr);
+        row.peer = peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
+                             &rep.device_name);
+        std::fprintf(stderr, row.peer->ok ? " %.1f samples/s" : " failed", row.peer->samples_per_sec);
+      }
+      std::fprintf(stderr, "\n");
+      rep.rows.push_back(std::move(row));
+    }
+  }
+  if (f.peer == "auto" && peer_python.empty()) rep.sizes_note += "; peer: no Python with torch found (" + why + ")";
+  compute_derived(rep);
+  if (!f.markdown.empty()) write_file(f.markdown, bench_markdown(rep), "Markdown");
+  if (!f.svg.empty()) write_file(f.svg, bench_svg(rep), "SVG");
+  if (f.json) std::printf("%s\n", bench_to_json(rep).dump(2).c_str());
+  else std::printf("%s", bench_table(rep).c_str());
+  bool any_ok = false;
+  for (const auto& r : rep.rows) any_ok = any_ok || r.ours.ok;
+  return any_ok ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  auto* sub = app.add_subcommand(
+      "bench", "Training throughput of the brief's models, FP32 vs FP16/BF16 (and TF32 on a GPU), PyTorch beside");
+  sub->add_option("--models", f->models,
+                  "Comma-separated models (default: the brief's resnet50, bert-base, yolov8n, yolov8s that this "
+                  "build has; any `ampforge models` name works)");
+  sub->add_option("--precisions", f->precisions, "Comma-separated: fp32, tf32 (CUDA), fp16, bf16 (default: CPU "
+                  "fp32,bf16,fp16; CUDA fp32,tf32,fp16,bf16)");
+  sub->add_option("--device", f->device, "cpu | cuda | cuda:N")->capture_default_str();
+  sub->add_option("--batch", f->batches, "Per-model batch sizes: MODEL=N[,MODEL=N...] (default: see --full)");
+  sub->add_option("--image-size", f->image_size, "Square image size for image models (default: per model)");
+  sub->add_option("--seq-len", f->seq_len, "Sequence length for sequence models (default: per model)");
+  sub->add_option("--warmup", f->warmup, "Untimed steps first (default: CPU 1, CUDA 5)");
+  sub->add_option("--steps", f->steps, "Timed steps (default: CPU 3, CUDA 20)");
+  sub->add_option("--threads", f->threads, "CPU threads for ampforge and the peer (default: all cores)");
+  sub->add_option("--optimizer", f->optimizer, "sgd (momentum 0.9) | adamw, lr 1e-3")->capture_default_str();
+  sub->add_flag("--channels-last", f->channels_last, "Images in channels-last layout (the default)");
+  sub->add_flag("--nchw", f->nchw, "Images in NCHW layout");
+  sub->add_flag("--cuda-graphs", f->cuda_graphs, "CUDA: capture each training step once and replay it");
+  sub->add_flag("--full", f->full, "The brief's batch sizes on any device (a GPU gets them by default)");
+  sub->add_option("--peer", f->peer,
+                  "auto (a Python with PyTorch: $AMPFORGE_PEER_PYTHON, /usr/bin/python3, python3) | none | PYTHON")
+      ->capture_default_str();
+  sub->add_option("--peer-timeout", f->peer_timeout, "Seconds one peer cell may take")->capture_default_str();
+  sub->add_flag("--json", f->json, "Print the results as JSON (schema in docs/BENCH.md) instead of the table");
+  sub->add_option("--markdown", f->markdown, "Also write the table as Markdown to this file");
+  sub->add_option("--svg", f->svg, "Also write a bar chart (SVG) to this file");
+  return {sub, [f] { return run_bench(*f); }};
+}
+
+}  // namespace ampforge::cli

@@ -1,0 +1,172 @@
+// `ampforge bench` as a user runs it: the JSON schema, the Markdown and SVG files, the gain over FP32, the
+// peer's cells (through a stand-in interpreter that answers as the peer script does, so the plumbing is
+// checked without PyTorch), failures shown per cell, and usage errors (exit 2).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
+
+struct CmdResult {
+  int code;
+  std::string out;
+};
+CmdResult run(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = kBin + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+fs::path tmp(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("ampforge_bench_test_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
+  const fs::path md = tmp("table.md"), svg = tmp("chart.svg");
+  const CmdResult r = run("bench --models cnn --precisions fp32,bf16 --batch cnn=16 --warmup 0 --steps 2 --peer none "
+                          "--threads 1 --json --markdown " + md.string() + " --svg " + svg.string(),
+                          /*with_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema"], "ampforge-bench v1");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["settings"]["steps"], 2);
+  EXPECT_TRUE(j["peer"].is_null());
+  ASSERT_EQ(j["rows"].size(), 2u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_EQ(row["model"], "cnn");
+    EXPECT_EQ(row["batch"], 16);
+    EXPECT_EQ(row["input"], "1x28x28");
+    const auto& a = row["ampforge"];
+    ASSERT_FALSE(a.contains("error")) << a;
+    EXPECT_EQ(a["step_seconds"].size(), 2u);
+    EXPECT_GT(a["samples_per_sec"].get<double>(), 0);
+    EXPECT_NEAR(a["samples_per_sec"].get<double>(), 16.0 / (a["ms_per_step"].get<double>() * 1e-3), 1e-6);
+    EXPECT_GT(a["peak_allocated_bytes"].get<int64_t>(), 0);
+    EXPECT_GE(a["peak_reserved_bytes"].get<int64_t>(), a["peak_allocated_bytes"].get<int64_t>());
+    EXPECT_EQ(a["parameters"], 421738);  // the small CNN for 1x28x28, 10 classes
+    EXPECT_TRUE(std::isfinite(a["last_loss"].get<double>()));
+    EXPECT_EQ(a["timer"], "host clock");
+    EXPECT_TRUE(row["peer"].is_null());
+    EXPECT_TRUE(row["ratio"].is_null());
+    EXPECT_TRUE(row["reference"].is_null()) << "the brief has no figure for the small CNN";
+  }
+  EXPECT_TRUE(j["rows"][0]["gain_vs_fp32_percent"].is_null());
+  const double fp32 = j["rows"][0]["ampforge"]["samples_per_sec"], bf16 = j["rows"][1]["ampforge"]["samples_per_sec"];
+  EXPECT_NEAR(j["rows"][1]["gain_vs_fp32_percent"].get<double>(), 100.0 * (bf16 / fp32 - 1.0), 1e-9);
+
+  const std::string m = slurp(md);
+  EXPECT_NE(m.find("| cnn | fp32 | 16 | 1x28x28 |"), std::string::npos) << m;
+  EXPECT_NE(m.find("| cnn | bf16 | 16 | 1x28x28 |"), std::string::npos) << m;
+  // The SVG is XML (parsed by Python's expat) with one bar per measured cell: two ampforge cells, no peer.
+  const std::string check = "python3 -c \"import sys,xml.etree.ElementTree as E; r=E.parse(sys.argv[1]).getroot(); "
+                            "print(sum(1 for e in r.iter() if e.get('class')=='bar'))\" " + svg.string();
+  FILE* p = popen(check.c_str(), "r");
+  char buf[64] = {0};
+  ASSERT_NE(fgets(buf, sizeof buf, p), nullptr);
+  EXPECT_EQ(pclose(p), 0);
+  EXPECT_EQ(std::atoi(buf), 2) << slurp(svg);
+}
+
+// A stand-in for the peer's interpreter: answers the torch probe, and the peer script's invocation with the
+// JSON the script prints (0.5 s per step; fp16 fails as PyTorch 1.13's CPU autocast does), so the ratio and
+// the failure display can be checked exactly.
+TEST(BenchCli, PeerCellsRatiosAndPeerFailuresAreShown) {
+  const fs::path py = tmp("fake_python");
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\n"
+         "if [ \"$1\" = \"-c\" ]; then echo 9.9.9-fake; exit 0; fi\n"
+         "case \"$*\" in *torch_bench_peer.py*) ;; *) exit 3;; esac\n"
+         "case \"$*\" in *\"--precision fp16\"*) echo '{\"error\": \"fake peer: no float16 here\"}'; exit 0;; esac\n"
+         "echo '{\"torch\": \"9.9.9-fake\", \"results\": {\"nchw\": {\"seconds\": [0.5, 0.5], \"median\": 0.5, "
+         "\"mean\": 0.5, \"samples_per_sec\": 16.0, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}'\n";
+  }
+  ::chmod(py.c_str(), 0755);
+  const CmdResult r = run("bench --models cnn --precisions fp32,fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                          "--json --peer " + py.string(),
+                          false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["peer"]["torch"], "9.9.9-fake");
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const auto& fp32 = j["rows"][0];
+  EXPECT_EQ(fp32["peer"]["samples_per_sec"], 16.0);
+  EXPECT_EQ(fp32["peer"]["memory_format"], "nchw");
+  EXPECT_NEAR(fp32["ratio"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 16.0, 1e-9);
+  const auto& fp16 = j["rows"][1];
+  EXPECT_EQ(fp16["peer"]["error"], "fake peer: no float16 here");
+  EXPECT_TRUE(fp16["ratio"].is_null());
+  EXPECT_FALSE(fp16["ampforge"].contains("error")) << "ampforge's CPU autocast runs fp16";
+  // The terminal table names the peer's failure next to the cell.
+  const CmdResult t = run("bench --models cnn --precisions fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                          "--peer " + py.string(),
+                          false);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("PyTorch: fake peer: no float16 here"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("PyTorch 9.9.9-fake"), std::string::npos) << t.out;
+}
+
+TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
+  // TF32 is a CUDA mode: on the CPU that cell fails with the reason, and with no cell measured the exit is 1.
+  const CmdResult r = run("bench --models cnn --precisions tf32 --warmup 0 --steps 1 --peer none --json", false);
+  EXPECT_EQ(r.code, 1) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 1u);
+  EXPECT_NE(j["rows"][0]["ampforge"]["error"].get<std::string>().find("CUDA"), std::string::npos);
+}
+
+TEST(BenchCli, HelpAndUsageErrors) {
+  const CmdResult h = run("bench --help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* flag : {"--models", "--precisions", "--device", "--batch", "--peer", "--json", "--markdown", "--svg",
+                           "--cuda-graphs", "--full"})
+    EXPECT_NE(h.out.find(flag), std::string::npos) << flag;
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  for (const Case& c : {Case{"--models nope", "resnet50"}, Case{"--models cnn --precisions fp8", "fp8"},
+                        Case{"--models cnn --batch cnn=0", "cnn=0"}, Case{"--models cnn --batch cnn", "MODEL=N"},
+                        Case{"--models cnn --batch resnet50=4", "resnet50"},
+                        Case{"--models cnn --device tpu", "--device"}, Case{"--models cnn --nchw --channels-last", "nchw"},
+                        Case{"--models cnn --peer /nonexistent/python", "/nonexistent/python"}}) {
+    const CmdResult r = run(std::string("bench --steps 1 --warmup 0 ") + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+TEST(BenchCli, ThePeerScriptIsValidPython) {
+  // The script itself needs torch to run; its syntax is checked everywhere.
+  const std::string cmd = "python3 -m py_compile " AMPFORGE_SOURCE_DIR "/bench/peer/torch_bench_peer.py 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[512] = {0};
+  const std::string out = fgets(buf, sizeof buf, p) ? buf : "";
+  EXPECT_EQ(pclose(p), 0) << out;
+}

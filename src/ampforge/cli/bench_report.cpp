@@ -1,0 +1,248 @@
+#include "ampforge/cli/bench_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace ampforge::cli {
+
+const char* const kBriefEnvironment =
+    "the brief's table: RTX 4080, Ubuntu 22.04, PyTorch 2.0.1, CUDA 12.1 (FP32 vs FP16 samples/s; YOLOv8's size "
+    "not stated)";
+
+std::optional<BenchReference> brief_reference(const std::string& model) {
+  if (model == "resnet50") return BenchReference{312, 478, "ResNet50 bs256"};
+  if (model == "bert-base") return BenchReference{87, 142, "BERT-base bs64"};
+  if (model == "yolov8n" || model == "yolov8s") return BenchReference{24, 38, "YOLOv8 bs16"};
+  return std::nullopt;
+}
+
+void compute_derived(BenchReport& r) {
+  for (BenchRow& row : r.rows) {
+    row.gain_vs_fp32_percent.reset();
+    row.ratio.reset();
+    if (row.ours.ok && row.peer && row.peer->ok && row.peer->samples_per_sec > 0)
+      row.ratio = row.ours.samples_per_sec / row.peer->samples_per_sec;
+    if (!row.ours.ok || row.precision == "fp32") continue;
+    for (const BenchRow& base : r.rows)
+      if (base.model == row.model && base.precision == "fp32" && base.batch == row.batch && base.ours.ok &&
+          base.ours.samples_per_sec > 0)
+        row.gain_vs_fp32_percent = 100.0 * (row.ours.samples_per_sec / base.ours.samples_per_sec - 1.0);
+  }
+}
+
+namespace {
+
+nlohmann::json side_json(const BenchSide& s) {
+  if (!s.ok) return {{"error", s.error}};
+  nlohmann::json j = {{"samples_per_sec", s.samples_per_sec},
+                      {"mean_samples_per_sec", s.mean_samples_per_sec},
+                      {"ms_per_step", 1e3 * s.median_seconds},
+                      {"step_seconds", s.step_seconds},
+                      {"parameters", s.parameters},
+                      {"last_loss", s.last_loss},
+                      {"timer", s.timer}};
+  j["peak_allocated_bytes"] = s.peak_allocated_bytes >= 0 ? nlohmann::json(s.peak_allocated_bytes) : nlohmann::json();
+  j["peak_reserved_bytes"] = s.peak_reserved_bytes >= 0 ? nlohmann::json(s.peak_reserved_bytes) : nlohmann::json();
+  if (!s.memory_format.empty()) j["memory_format"] = s.memory_format;
+  return j;
+}
+
+nlohmann::json opt_json(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); }
+
+std::string mib(int64_t bytes) {
+  if (bytes < 0) return "-";
+  return fmt::format("{:.0f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+std::string rate(const BenchSide& s) { return s.ok ? fmt::format("{:.1f}", s.samples_per_sec) : "failed"; }
+
+std::string reference_cell(const BenchRow& row) {
+  const auto ref = brief_reference(row.model);
+  if (!ref) return "-";
+  if (row.precision == "fp32") return fmt::format("{:.0f}", ref->fp32);
+  if (row.precision == "fp16") return fmt::format("{:.0f}", ref->fp16);
+  return "-";
+}
+
+std::string peer_cell(const BenchRow& row) {
+  if (!row.peer) return "-";
+  return rate(*row.peer);
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string header_lines(const BenchReport& r) {
+  std::string s = fmt::format("ampforge {} bench on {}{}: full training steps (forward, loss, backward, {}{}), "
+                              "synthetic data, {} warm-up + {} timed steps, median (mean) samples/s, {} thread(s)",
+                              r.version, r.device, r.device_name.empty() ? "" : " (" + r.device_name + ")",
+                              r.optimizer, "; GradScaler for fp16", r.warmup, r.steps, r.threads);
+  if (!r.sizes_note.empty()) s += "\nsizes: " + r.sizes_note;
+  if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format",
+                                              r.peer_torch, r.peer_python);
+  if (!r.unavailable_models.empty()) {
+    s += "\nnot in this build (skipped):";
+    for (const auto& m : r.unavailable_models) s += " " + m;
+  }
+  return s;
+}
+
+}  // namespace
+
+nlohmann::json bench_to_json(const BenchReport& r) {
+  nlohmann::json j;
+  j["schema"] = "ampforge-bench v1";
+  j["ampforge"] = r.version;
+  j["device"] = r.device;
+  j["device_name"] = r.device_name;
+  j["threads"] = r.threads;
+  j["settings"] = {{"warmup", r.warmup},         {"steps", r.steps},
+                   {"optimizer", r.optimizer},   {"channels_last", r.channels_last},
+                   {"cuda_graphs", r.cuda_graphs}, {"full", r.full},
+                   {"sizes", r.sizes_note}};
+  j["peer"] = r.peer_torch.empty() ? nlohmann::json() : nlohmann::json{{"python", r.peer_python}, {"torch", r.peer_torch}};
+  j["unavailable_models"] = r.unavailable_models;
+  j["rows"] = nlohmann::json::array();
+  for (const BenchRow& row : r.rows) {
+    nlohmann::json jr = {{"model", row.model}, {"precision", row.precision}, {"batch", row.batch},
+                         {"input", row.input}, {"ampforge", side_json(row.ours)}};
+    jr["peer"] = row.peer ? side_json(*row.peer) : nlohmann::json();
+    jr["gain_vs_fp32_percent"] = opt_json(row.gain_vs_fp32_percent);
+    jr["ratio"] = opt_json(row.ratio);
+    if (const auto ref = brief_reference(row.model))
+      jr["reference"] = {{"fp32", ref->fp32}, {"fp16", ref->fp16}, {"what", ref->label}, {"source", kBriefEnvironment}};
+    else
+      jr["reference"] = nullptr;
+    j["rows"].push_back(std::move(jr));
+  }
+  return j;
+}
+
+std::string bench_table(const BenchReport& r) {
+  std::string s = header_lines(r) + "\n\n";
+  s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}\n", "model", "prec",
+                   "batch", "input", "samples/s (mean)", "ms/step", "peak alloc", "peak resv", "vs fp32", "PyTorch",
+                   "ratio", "brief4080");
+  for (const BenchRow& row : r.rows) {
+    const BenchSide& o = row.ours;
+    s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}\n", row.model,
+                     row.precision, row.batch, row.input,
+                     o.ok ? fmt::format("{:.1f} ({:.1f})", o.samples_per_sec, o.mean_samples_per_sec) : "failed",
+                     o.ok ? fmt::format("{:.1f}", 1e3 * o.median_seconds) : "-", mib(o.peak_allocated_bytes),
+                     mib(o.peak_reserved_bytes),
+                     row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-",
+                     peer_cell(row), row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
+  }
+  bool notes = false;
+  for (const BenchRow& row : r.rows) {
+    auto note = [&](const char* who, const BenchSide& side) {
+      if (side.ok) return;
+      if (!notes) s += "\n";
+      notes = true;
+      s += fmt::format("  {} {} {}: {}\n", row.model, row.precision, who, side.error);
+    };
+    note("ampforge", row.ours);
+    if (row.peer) note("PyTorch", *row.peer);
+  }
+  s += "\nratio = ampforge / PyTorch samples/s (> 1: ampforge is faster); brief4080 = ";
+  s += kBriefEnvironment;
+  s += "\n";
+  return s;
+}
+
+std::string bench_markdown(const BenchReport& r) {
+  std::string s = header_lines(r);
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("  \n") : std::string(1, c);
+  out += "\n\n| model | precision | batch | input | samples/s | mean | ms/step | peak allocated | peak reserved | "
+         "vs FP32 | PyTorch samples/s | ratio | brief RTX 4080 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const BenchRow& row : r.rows) {
+    const BenchSide& o = row.ours;
+    std::string peer = peer_cell(row);
+    if (row.peer && !row.peer->ok) peer = "failed: " + row.peer->error;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", row.model, row.precision,
+                       row.batch, row.input, o.ok ? fmt::format("{:.1f}", o.samples_per_sec) : "failed: " + o.error,
+                       o.ok ? fmt::format("{:.1f}", o.mean_samples_per_sec) : "-",
+                       o.ok ? fmt::format("{:.1f}", 1e3 * o.median_seconds) : "-", mib(o.peak_allocated_bytes),
+                       mib(o.peak_reserved_bytes),
+                       row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-", peer,
+                       row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
+  }
+  out += fmt::format("\nratio = ampforge / PyTorch samples/s; brief RTX 4080 = {}.\n", kBriefEnvironment);
+  return out;
+}
+
+std::string bench_svg(const BenchReport& r) {
+  struct Bar {
+    std::string label, who;
+    double value;
+  };
+  // Models in order of first appearance; within a model, the rows as measured.
+  std::vector<std::string> models;
+  for (const BenchRow& row : r.rows)
+    if (std::find(models.begin(), models.end(), row.model) == models.end()) models.push_back(row.model);
+  std::vector<std::vector<Bar>> groups;
+  double vmax = 0;
+  for (const std::string& m : models) {
+    std::vector<Bar> g;
+    for (const BenchRow& row : r.rows) {
+      if (row.model != m) continue;
+      if (row.ours.ok) g.push_back({row.precision, "ampforge", row.ours.samples_per_sec});
+      if (row.peer && row.peer->ok) g.push_back({row.precision, "PyTorch", row.peer->samples_per_sec});
+    }
+    for (const Bar& b : g) vmax = std::max(vmax, b.value);
+    groups.push_back(std::move(g));
+  }
+  const double bar_w = 26, gap = 34, left = 60, top = 50, plot_h = 260, bottom = 70;
+  double width = left + 20;
+  for (const auto& g : groups) width += static_cast<double>(g.size()) * bar_w + gap;
+  width = std::max(width, 420.0);
+  const double height = top + plot_h + bottom;
+  if (vmax <= 0) vmax = 1;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "font-size=\"11\">\n<title>{}</title>\n",
+      width, height, xml_escape("ampforge bench on " + r.device + ": samples/s per model and precision"));
+  s += fmt::format("<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{}</text>\n", left,
+                   xml_escape("Training samples/s on " + r.device + (r.device_name.empty() ? "" : " (" + r.device_name + ")") +
+                              " — ampforge (blue) and PyTorch" + (r.peer_torch.empty() ? "" : " " + r.peer_torch) +
+                              " (orange)"));
+  s += fmt::format("<line x1=\"{0:.0f}\" y1=\"{1:.0f}\" x2=\"{0:.0f}\" y2=\"{2:.0f}\" stroke=\"#333\"/>\n", left, top,
+                   top + plot_h);
+  s += fmt::format("<text x=\"4\" y=\"{:.0f}\">{:.0f}</text>\n", top + 4, vmax);
+  s += fmt::format("<text x=\"4\" y=\"{:.0f}\">0</text>\n", top + plot_h);
+  double x = left + 10;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const double x0 = x;
+    for (const Bar& b : groups[gi]) {
+      const double h = plot_h * b.value / vmax;
+      s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
+                       "<title>{}</title></rect>\n",
+                       x, top + plot_h - h, bar_w - 4, h, b.who == "ampforge" ? "#3b6fb6" : "#e08a2c",
+                       xml_escape(fmt::format("{} {} {}: {:.1f} samples/s", models[gi], b.label, b.who, b.value)));
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" transform=\"rotate(-60 {:.1f} {:.1f})\">{}</text>\n",
+                       x + 4, top + plot_h + 12, x + 4, top + plot_h + 12, xml_escape(b.label));
+      x += bar_w;
+    }
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 58,
+                     xml_escape(models[gi]));
+    x += gap;
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace ampforge::cli

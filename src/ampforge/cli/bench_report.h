@@ -1,0 +1,67 @@
+// `ampforge bench`'s results and the forms they are written in: the terminal table, JSON (schema
+// "ampforge-bench v1", documented in docs/BENCH.md), a Markdown table and an SVG bar chart.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ampforge::cli {
+
+// One side of a cell (ampforge or the peer): a measurement, or why there is none.
+struct BenchSide {
+  bool ok = false;
+  std::string error;             // when !ok: what failed (shown, never hidden)
+  double samples_per_sec = 0;    // batch / median step time
+  double mean_samples_per_sec = 0;
+  double median_seconds = 0;
+  std::vector<double> step_seconds;
+  int64_t peak_allocated_bytes = -1, peak_reserved_bytes = -1;  // -1: not known
+  int64_t parameters = 0;
+  double last_loss = 0;
+  std::string timer;             // "cuda events" | "host clock"
+  std::string memory_format;     // the peer's best layout ("nchw" | "channels_last"), or ampforge's
+};
+
+// The brief's RTX 4080 figures for a model (samples/s, FP32 and FP16).
+struct BenchReference {
+  double fp32 = 0, fp16 = 0;
+  std::string label;  // what was measured: "ResNet50 bs256"
+};
+std::optional<BenchReference> brief_reference(const std::string& model);
+// Where the brief's figures come from.
+extern const char* const kBriefEnvironment;
+
+struct BenchRow {
+  std::string model, precision, input;
+  int64_t batch = 0;
+  BenchSide ours;
+  std::optional<BenchSide> peer;  // nullopt: no peer asked (--peer none)
+  // ours / our fp32 row of the same model, as a gain in percent; nullopt without both.
+  std::optional<double> gain_vs_fp32_percent;
+  std::optional<double> ratio;  // ours / peer samples/s
+};
+
+struct BenchReport {
+  std::string version, device, device_name, peer_python, peer_torch;
+  int threads = 0, warmup = 0, steps = 0;
+  std::string optimizer;
+  bool channels_last = true, cuda_graphs = false, full = false;
+  std::string sizes_note;  // e.g. "reduced CPU sizes (--full for the brief's)"
+  std::vector<std::string> unavailable_models;  // asked for by default but not in this build
+  std::vector<BenchRow> rows;
+};
+
+// Fills gain_vs_fp32_percent and ratio from the measurements.
+void compute_derived(BenchReport& r);
+
+nlohmann::json bench_to_json(const BenchReport& r);
+std::string bench_table(const BenchReport& r);     // for the terminal
+std::string bench_markdown(const BenchReport& r);  // a Markdown table with a header paragraph
+// One bar per measured side of each cell (ampforge and peer), grouped by model, the FP32 rows first.
+std::string bench_svg(const BenchReport& r);
+
+}  // namespace ampforge::cli

@@ -1,0 +1,153 @@
+#include "ampforge/train/benchmark.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/memory/caching_allocator.h"
+#include "ampforge/memory/global.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/train/graph_step.h"
+#include "ampforge/train/step.h"
+#include "ampforge/util/error.h"
+#include "ampforge/util/timer.h"
+
+namespace ampforge::train {
+
+BenchPrecision bench_precision_from_string(const std::string& s) {
+  if (s == "fp32") return BenchPrecision::FP32;
+  if (s == "tf32") return BenchPrecision::TF32;
+  if (s == "fp16") return BenchPrecision::FP16;
+  if (s == "bf16") return BenchPrecision::BF16;
+  AF_THROW(InvalidArgument, "precision must be fp32, tf32, fp16 or bf16, got '{}'", s);
+}
+
+const char* bench_precision_name(BenchPrecision p) {
+  switch (p) {
+    case BenchPrecision::FP32: return "fp32";
+    case BenchPrecision::TF32: return "tf32";
+    case BenchPrecision::FP16: return "fp16";
+    case BenchPrecision::BF16: return "bf16";
+  }
+  return "?";
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// TF32 on for the step's lifetime only (restored after, also on an exception).
+class Tf32Scope {
+ public:
+  explicit Tf32Scope(bool on) : old_gemm_(cuda::allow_tf32()), old_conv_(cuda::cudnn_allow_tf32()) {
+    cuda::set_allow_tf32(on);
+    cuda::set_cudnn_allow_tf32(on);
+  }
+  ~Tf32Scope() {
+    cuda::set_allow_tf32(old_gemm_);
+    cuda::set_cudnn_allow_tf32(old_conv_);
+  }
+
+ private:
+  bool old_gemm_, old_conv_;
+};
+
+}  // namespace
+
+BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
+  AF_CHECK(o.steps >= 1, "bench: steps must be >= 1, got {}", o.steps);
+  AF_CHECK(o.warmup >= 0, "bench: warm-up steps must be >= 0, got {}", o.warmup);
+  AF_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench: optimizer must be sgd or adamw, got '{}'",
+           o.optimizer);
+  const Device dev = w.batch.x.device();
+  const bool on_cuda = dev.is_cuda();
+  AF_CHECK(o.precision != BenchPrecision::TF32 || on_cuda,
+           "bench: tf32 is a CUDA tensor-core mode; a CPU computes fp32 or bf16/fp16");
+  AF_CHECK(!o.cuda_graphs || on_cuda, "bench: --cuda-graphs needs a CUDA device");
+  const int warmup = o.cuda_graphs ? std::max<int>(o.warmup, static_cast<int>(StepGraph::kWarmupSteps)) : o.warmup;
+  const DType amp = o.precision == BenchPrecision::FP16   ? DType::F16
+                    : o.precision == BenchPrecision::BF16 ? DType::BF16
+                                                          : DType::F32;
+  std::optional<Tf32Scope> tf32;
+  if (on_cuda) tf32.emplace(o.precision == BenchPrecision::TF32);
+
+  nn::Module& model = *w.module;
+  std::unique_ptr<optim::Optimizer> opt;
+  if (o.optimizer == "sgd") {
+    optim::SGDOptions so;
+    so.lr = 1e-3;
+    so.momentum = 0.9;
+    opt = std::make_unique<optim::SGD>(model.parameters(), so);
+  } else {
+    optim::AdamWOptions ao;
+    ao.lr = 1e-3;
+    opt = std::make_unique<optim::AdamW>(model.parameters(), ao);
+  }
+  amp::GradScaler scaler(grad_scaler_options(amp));
+  StepOptions so;
+  so.precision = amp;
+  so.read_loss = !on_cuda;  // on CUDA the step stays free of host waits; the loss is read once at the end
+  StepGraph graph;
+  Tensor last_loss;
+  auto step = [&](int64_t i, bool timed) {
+    so.global_step = i;
+    if (o.cuda_graphs && timed) {
+      last_loss = graph.run(model, *w.task, *opt, scaler, std::span<const data::Batch>(&w.batch, 1), so);
+    } else {
+      last_loss = train_step(model, *w.task, *opt, scaler, w.batch, so).loss_tensor;
+    }
+  };
+  const int total = warmup + o.steps;
+  for (int i = 0; i < warmup; ++i) {
+    step(i, false);
+    if (o.on_step) o.on_step(i + 1, total);
+  }
+  if (o.cuda_graphs) step(warmup, true);  // the capture (and its first replay) is not a timed step
+  memory::CachingAllocator* alloc = on_cuda ? cuda::caching_allocator(static_cast<int>(dev.index))
+                                            : memory::installed_caching_allocator();
+  if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
+  if (alloc != nullptr) alloc->reset_peak_stats();
+
+  BenchmarkResult r;
+  if (on_cuda) {
+    cuda::EventTimer timer(static_cast<int>(dev.index));
+    timer.mark();
+    for (int i = 0; i < o.steps; ++i) {
+      step(warmup + 1 + i, true);
+      timer.mark();
+      if (o.on_step) o.on_step(warmup + i + 1, total);
+    }
+    r.step_seconds = timer.intervals();
+    r.timer = "cuda events";
+  } else {
+    for (int i = 0; i < o.steps; ++i) {
+      const Stopwatch sw;
+      step(warmup + i, true);
+      r.step_seconds.push_back(sw.seconds());
+      if (o.on_step) o.on_step(warmup + i + 1, total);
+    }
+    r.timer = "host clock";
+  }
+  r.median_seconds = median_of(r.step_seconds);
+  r.mean_seconds = std::accumulate(r.step_seconds.begin(), r.step_seconds.end(), 0.0) /
+                   static_cast<double>(r.step_seconds.size());
+  const double n = static_cast<double>(w.samples);
+  r.samples_per_sec = r.median_seconds > 0 ? n / r.median_seconds : 0;
+  r.mean_samples_per_sec = r.mean_seconds > 0 ? n / r.mean_seconds : 0;
+  if (alloc != nullptr) {
+    const memory::AllocatorStats st = alloc->stats();
+    r.peak_allocated_bytes = st.allocated.peak;
+    r.peak_reserved_bytes = st.reserved.peak;
+  }
+  for (const Tensor& p : model.parameters()) r.parameters += p.numel();
+  r.last_loss = last_loss.defined() ? last_loss.item() : 0.0;
+  r.graph_nodes = graph.nodes();
+  return r;
+}
+
+}  // namespace ampforge::train

@@ -1,0 +1,56 @@
+#include "ampforge/train/workload.h"
+
+#include <fmt/format.h>
+
+#include "ampforge/core/generator.h"
+#include "ampforge/models/registry.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/tasks/classification.h"
+#include "ampforge/util/error.h"
+
+namespace ampforge::train {
+
+namespace {
+
+// Images N(0, 1) (what normalised inputs look like) and labels spread over the classes.
+void classification_batch(Workload& w, const models::ModelOptions& mo, const WorkloadOptions& o) {
+  Generator gen(o.seed + 1);
+  Tensor x = randn({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, kCPU, &gen);
+  if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  std::vector<int64_t> labels(static_cast<size_t>(o.batch));
+  // A stride coprime with typical class counts, so a small batch still sees different classes.
+  for (int64_t i = 0; i < o.batch; ++i) labels[static_cast<size_t>(i)] = (i * 379 + 11) % mo.num_classes;
+  w.batch.x = o.device.is_cuda() ? x.to(o.device) : x;
+  w.batch.y = Tensor::from_vector(labels);
+  if (o.device.is_cuda()) w.batch.y = w.batch.y.to(o.device);
+  w.task = std::make_shared<tasks::ClassificationTask>();
+  w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
+}
+
+}  // namespace
+
+Workload make_workload(const std::string& model, const WorkloadOptions& o) {
+  AF_CHECK(o.batch >= 1, "workload: batch must be >= 1, got {}", o.batch);
+  AF_CHECK(o.image_size == 0 || (o.image_size >= 8 && o.image_size <= 4096),
+           "workload: image size must be 0 (the model's default) or in [8, 4096], got {}", o.image_size);
+  AF_CHECK(o.seq_len >= 1, "workload: sequence length must be >= 1, got {}", o.seq_len);
+  const models::ModelEntry& entry = models::model_registry().at(model);
+  Workload w;
+  w.model = model;
+  w.task_kind = entry.task;
+  w.samples = o.batch;
+  models::ModelOptions mo = entry.defaults;
+  if (o.image_size > 0) mo.image_size = o.image_size;
+  manual_seed(o.seed);
+  w.module = entry.build(mo);
+  w.module->train();
+  if (o.device.is_cuda()) w.module->to(o.device);
+  if (entry.task == "classification") {
+    classification_batch(w, mo, o);
+  } else {
+    AF_THROW(NotImplemented, "workload: no synthetic batch for models of task '{}' (model {})", entry.task, model);
+  }
+  return w;
+}
+
+}  // namespace ampforge::train
