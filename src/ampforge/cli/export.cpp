@@ -38,6 +38,8 @@ nlohmann::json value_json(const onnx_export::ValueInfo& v) {
 
 int run_export(ExportArgs a) {
   AF_CHECK(!a.output.empty(), "-o/--output is required");
+  AF_CHECK(a.opt.batch >= 1, "--batch must be at least 1, got {}", a.opt.batch);
+  AF_CHECK(!a.opt.dynamic_batch || a.opt.batch == 1, "--batch and --dynamic-batch exclude each other");
   a.opt.fold_bn = !a.no_fold_bn;
   onnx_export::InferenceModel m = onnx_export::load_inference_model(a.model);
   onnx_export::ExportSummary s;
@@ -100,7 +102,8 @@ Command add_export_command(CLI::App& app) {
   sub->add_option("-o,--output", a->output, "The .onnx file to write (atomically)")->required();
   sub->add_option("--opset", a->opt.opset, "ONNX opset (only 17: IR version 8)")->capture_default_str();
   sub->add_flag("--fp16", a->opt.fp16, "Float16 weights, inputs, outputs and activations");
-  sub->add_flag("--dynamic-batch", a->opt.dynamic_batch, "Batch dim of inputs and outputs named 'batch'");
+  sub->add_option("--batch", a->opt.batch, "Batch size of the (static) input shape")->capture_default_str();
+  sub->add_flag("--dynamic-batch", a->opt.dynamic_batch, "Batch dim of inputs and outputs named 'batch' (any size)");
   sub->add_flag("--no-fold-bn", a->no_fold_bn, "Keep BatchNormalization nodes (default: folded into the Conv)");
   sub->add_flag("--json", a->json, "Print JSON (schema ampforge.export/1; see docs/ARCHITECTURE.md)");
   sub->footer(

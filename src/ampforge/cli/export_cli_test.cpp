@@ -121,7 +121,7 @@ double export_check_compare(const Case& c, const std::vector<std::string>& extra
 }  // namespace
 
 TEST(ExportCli, CnnMatchesOnnxRuntime) {
-  const double err = export_check_compare({"cnn", 1, 28, 10}, {}, 3, DType::F32, "fp32");
+  const double err = export_check_compare({"cnn", 1, 28, 10}, {"--batch", "3"}, 3, DType::F32, "fp32");
   EXPECT_GE(err, 0);
   EXPECT_LE(err, 1e-4);
 }
@@ -134,13 +134,13 @@ TEST(ExportCli, ResNet18MatchesOnnxRuntimeWithDynamicBatch) {
 }
 
 TEST(ExportCli, ResNet50MatchesOnnxRuntime) {
-  const double err = export_check_compare({"resnet50", 3, 64, 20}, {}, 2, DType::F32, "fp32");
+  const double err = export_check_compare({"resnet50", 3, 64, 20}, {"--batch", "2"}, 2, DType::F32, "fp32");
   EXPECT_GE(err, 0);
   EXPECT_LE(err, 1e-4);
 }
 
 TEST(ExportCli, ResNetSmallWithoutFoldingMatchesOnnxRuntime) {
-  const double err = export_check_compare({"resnet-small", 1, 28, 10}, {"--no-fold-bn"}, 2, DType::F32, "fp32");
+  const double err = export_check_compare({"resnet-small", 1, 28, 10}, {"--no-fold-bn", "--batch", "2"}, 2, DType::F32, "fp32");
   EXPECT_GE(err, 0);
   EXPECT_LE(err, 1e-4);
 }
@@ -148,7 +148,7 @@ TEST(ExportCli, ResNetSmallWithoutFoldingMatchesOnnxRuntime) {
 TEST(ExportCli, CnnFp16MatchesOnnxRuntimeWithinTheF16Table) {
   // Both sides round every op's output to F16 (8 eps per op in core/tolerance.h); the CNN chains 8 ops after
   // folding (conv, relu, pool, conv, relu, pool, gemm, relu, gemm), so the bound is 9 x 8 eps of F16.
-  const double err = export_check_compare({"cnn", 1, 28, 10}, {"--fp16"}, 2, DType::F16, "fp16");
+  const double err = export_check_compare({"cnn", 1, 28, 10}, {"--fp16", "--batch", "2"}, 2, DType::F16, "fp16");
   EXPECT_GE(err, 0);
   EXPECT_LE(err, 9 * 8 * std::ldexp(1.0, -10));
 }
@@ -196,7 +196,8 @@ TEST(ExportCli, RandomInitIsReproducibleBetweenExportAndPredict) {
   // --random-init --seed S builds the same weights in both commands (the runtime check needs no training).
   const std::string onnx = tmp_path("rand.onnx"), in = tmp_path("rand_in.safetensors"),
                     ref = tmp_path("rand_ref.safetensors"), got = tmp_path("rand_ort.safetensors");
-  const auto e = run_ampforge({"export", "--model", "resnet-small", "--random-init", "--seed", "4", "-o", onnx}, kEnv, 120);
+  const auto e = run_ampforge({"export", "--model", "resnet-small", "--random-init", "--seed", "4", "--batch", "2", "-o",
+                               onnx}, kEnv, 120);
   ASSERT_EQ(e.exit_code, 0) << e.err;
   EXPECT_NE(e.out.find("BatchNorms folded"), std::string::npos) << e.out;
   Generator gen(2);

@@ -273,7 +273,7 @@ TEST(OnnxExport, EncoderWithMaskedAttentionMatchesOnnxRuntime) {
   opt.batch = B;
   const Graph g = build_onnx_graph(*net, sig, opt);
   const auto types = op_types(g);
-  for (const char* t : {"Gather", "LayerNormalization", "MatMul", "Softmax", "Erf", "Where", "Transpose", "Reshape"})
+  for (const char* t : {"Gather", "LayerNormalization", "MatMul", "Softmax", "Erf", "Where", "Transpose", "Reshape", "Split"})
     EXPECT_TRUE(types.count(t)) << t;
   EXPECT_FALSE(types.count("Gelu"));  // opset 17 has none
   EXPECT_EQ(g.inputs.at(1).name, "attention_mask");
@@ -300,7 +300,7 @@ TEST(OnnxExport, DetectorWithChunkCatResizeMatchesOnnxRuntime) {
   opt.batch = 2;
   const Graph g = build_onnx_graph(*net, image_signature(2, 3, 16), opt);
   const auto types = op_types(g);
-  for (const char* t : {"Sigmoid", "Mul", "Concat", "Slice", "MaxPool", "Resize", "Softmax", "ReduceSum"})
+  for (const char* t : {"Sigmoid", "Mul", "Concat", "Split", "MaxPool", "Resize", "Softmax", "ReduceSum"})
     EXPECT_TRUE(types.count(t)) << t;
   for (const auto& n : g.nodes)
     if (n.op_type == "Resize") {

@@ -222,11 +222,17 @@ int fold_batch_norm(Graph& g) {
       for (int64_t i = 0; i < per; ++i) w2[c * per + i] = static_cast<float>(w[c * per + i] * s);
       b2[c] = static_cast<float>((b[c] - mean[c]) * s + beta[c]);
     }
-    // New names (an initializer may be read by other nodes): "<conv>.weight" when it is free.
-    std::string base = conv.name;
-    const std::string wname = unique_name(g, base + ".weight"), bname = unique_name(g, base + ".bias");
-    g.add_initializer(wname, Tensor::from_vector(w2, W.shape()).to(W.dtype()));
-    g.add_initializer(bname, Tensor::from_vector(b2, Shape{cout}).to(W.dtype()));
+    // The conv's weight keeps its name when only this conv reads it (the usual case); the bias is new
+    // ("<conv>.bias") unless the conv had one of its own.
+    const std::string old_w = conv.inputs[1];
+    const std::string old_b = conv.inputs.size() >= 3 ? conv.inputs[2] : "";
+    std::string wname = old_w, bname = old_b;
+    const Tensor nw = Tensor::from_vector(w2, W.shape()).to(W.dtype()).contiguous();
+    const Tensor nb = Tensor::from_vector(b2, Shape{cout}).to(W.dtype()).contiguous();
+    if (g.use_count(old_w) == 1) g.initializers[old_w] = nw;
+    else g.add_initializer(wname = unique_name(g, conv.name + ".weight"), nw);
+    if (!old_b.empty() && g.use_count(old_b) == 1) g.initializers[old_b] = nb;
+    else g.add_initializer(bname = unique_name(g, conv.name + ".bias"), nb);
     Node& c = g.nodes[ci];
     c.inputs.resize(3);
     c.inputs[1] = wname;

@@ -45,7 +45,7 @@ struct Base {
 
 struct Fragment {
   Tensor dst;
-  Ref src;
+  std::optional<Ref> src;  // nullopt: a constant (its values are read from dst when needed)
 };
 
 bool dense(const Tensor& t) {
@@ -83,8 +83,10 @@ class Tracer {
 
   void add_input(const TraceInput& in) {
     AF_CHECK(in.value.device().is_cpu(), "ONNX export: input '{}' must be on the CPU", in.name);
-    Base b{in.value, {in.name, opt_.dynamic_batch ? 1 : 0}, ""};
-    bases_[in.value.storage().get()] = b;
+    Base b;
+    b.t = in.value;
+    b.ref = {in.name, opt_.dynamic_batch ? 1 : 0};
+    bases_[in.value.storage().get()] = std::move(b);
     keep_.push_back(in.value);
     ValueInfo vi{in.name, onnx_type(in.value.dtype()), {}};
     for (int d = 0; d < in.value.dim(); ++d) {
@@ -144,9 +146,12 @@ class Tracer {
     AF_CHECK(covers_storage(o0), "ONNX export: op '{}' writes part of a tensor in place (not supported)", op_name(op));
     set_base(o0, out);
     for (size_t i = 1; i < a.outputs.size(); ++i)
-      if (a.out(i).defined() && !a.out(i).is_same(o0))
-        bases_[a.out(i).storage().get()] = Base{a.out(i), {"", 0},
-                                                fmt::format("output {} of op '{}' is not exported", i, op_name(op))};
+      if (a.out(i).defined() && !a.out(i).is_same(o0)) {
+        Base aux;
+        aux.t = a.out(i);
+        aux.unavailable = fmt::format("output {} of op '{}' is not exported", i, op_name(op));
+        bases_[a.out(i).storage().get()] = std::move(aux);
+      }
   }
 
   // Traced value behind t (emitting view nodes as needed), or nullopt when t is a constant.
@@ -187,9 +192,44 @@ class Tracer {
   int counter_ = 0;
   OpId current_op_ = OpId::fill;
   std::string node_prefix_;
+  struct SliceRec {
+    std::string input, output;
+    int64_t axis, start, end, size;
+  };
+  std::vector<SliceRec> slices_;  // one-axis Slice nodes, for merge_splits()
+
+ public:
+  // Slices that cut one value along one axis into pieces covering it exactly (chunk, split) become one Split
+  // node (opset 13+: the sizes as input 2), placed where the first of them was.
+  void merge_splits() {
+    std::map<std::pair<std::string, int64_t>, std::vector<SliceRec>> groups;
+    for (const auto& r : slices_) groups[{r.input, r.axis}].push_back(r);
+    for (auto& [key, rs] : groups) {
+      if (rs.size() < 2) continue;
+      std::sort(rs.begin(), rs.end(), [](auto& a, auto& b) { return a.start < b.start; });
+      bool tiles = rs.front().start == 0 && rs.back().end == rs.front().size;
+      for (size_t i = 1; i < rs.size(); ++i) tiles = tiles && rs[i].start == rs[i - 1].end;
+      if (!tiles) continue;
+      std::vector<int64_t> sizes;
+      std::vector<std::string> outs;
+      for (auto& r : rs) sizes.push_back(r.end - r.start), outs.push_back(r.output);
+      size_t first = graph.nodes.size();
+      for (auto& r : rs) first = std::min(first, static_cast<size_t>(graph.producer(r.output)));
+      Node split{"Split", graph.nodes[first].name + "_split", {key.first, const_ints(sizes)}, outs,
+                 {{"axis", key.second}}};
+      std::set<std::string> gone(outs.begin(), outs.end());
+      std::erase_if(graph.nodes, [&](const Node& n) { return n.op_type == "Slice" && gone.count(n.outputs[0]); });
+      graph.nodes.insert(graph.nodes.begin() + static_cast<long>(std::min(first, graph.nodes.size())), split);
+    }
+  }
+
+ private:
 
   void set_base(const Tensor& t, const Ref& r) {
-    bases_[t.storage().get()] = Base{t, r, ""};
+    Base b;
+    b.t = t;
+    b.ref = r;
+    bases_[t.storage().get()] = std::move(b);
     frags_.erase(t.storage().get());
     keep_.push_back(t);
   }
@@ -341,8 +381,7 @@ class Tracer {
     for (size_t i = 0; i < box.size(); ++i)
       AF_CHECK(start[i] + len[i] <= box[i], "ONNX export: a view of shape {} with strides {} and offset {} cannot be "
                "expressed (op '{}')", u.shape().str(), u.strides().str(), u.offset(), op_name(current_op_));
-    want = box;
-    flush();
+    want = box;  // pending: emitted only when a Slice follows
     std::vector<int64_t> axes, starts, ends;
     for (size_t i = 0; i < box.size(); ++i) {
       if (start[i] == 0 && len[i] == box[i]) continue;
@@ -353,7 +392,10 @@ class Tracer {
       ends.push_back(start[i] + len[i]);
     }
     if (!axes.empty()) {
+      flush();
+      const std::string from = cur.name;
       cur.name = emit("Slice", {cur.name, const_ints(starts), const_ints(ends), const_ints(axes)}, {});
+      if (axes.size() == 1) slices_.push_back({from, cur.name, axes[0], starts[0], ends[0], box[axes[0]]});
       for (size_t i = 0; i < box.size(); ++i) cur_shape[i] = len[i];
       want = cur_shape;
     }
@@ -413,10 +455,11 @@ class Tracer {
     }
     AF_CHECK(!bases_.count(st), "ONNX export: a copy writes into part of a traced value (in-place slice assignment "
              "is not supported)");
-    Ref r = s ? *s : Ref{constant(src), 0};
-    if (src.dtype() != dst.dtype()) {
+    std::optional<Ref> r = s;
+    if (r && src.dtype() != dst.dtype()) {
       current_op_ = OpId::copy;
-      r.name = emit("Cast", {r.name}, {{"to", int64_t(onnx_type(dst.dtype()))}});
+      node_prefix_.clear();
+      r->name = emit("Cast", {r->name}, {{"to", int64_t(onnx_type(dst.dtype()))}});
     }
     frags_[st].push_back({dst, r});
     keep_.push_back(dst);
@@ -425,6 +468,8 @@ class Tracer {
   void assemble_concat(const StorageImpl* st) {
     std::vector<Fragment> fs = frags_.at(st);
     frags_.erase(st);
+    if (std::none_of(fs.begin(), fs.end(), [](const Fragment& f) { return f.src.has_value(); }))
+      return;  // every part is a constant: so is the buffer
     const Tensor& t0 = fs[0].dst;
     int64_t min_off = t0.offset();
     for (auto& f : fs) {
@@ -462,13 +507,14 @@ class Tracer {
     node_prefix_.clear();
     Ref r{"", 0};
     if (fs.size() == 1) {
-      r = fs[0].src;
+      r = *fs[0].src;
     } else {
       std::vector<std::string> names;
-      int64_t bm = fs[0].src.bm;
+      int64_t bm = fs[0].src ? fs[0].src->bm : 0;
       for (auto& f : fs) {
-        names.push_back(f.src.name);
-        if (f.src.bm != bm) bm = -1;
+        const Ref part = f.src ? *f.src : Ref{constant(f.dst), 0};  // a constant part: the values copied there
+        names.push_back(part.name);
+        if (part.bm != bm) bm = -1;
       }
       if (d == 0 && bm != 0) bm = -1;
       r.name = emit("Concat", names, {{"axis", int64_t(d)}});
@@ -742,6 +788,7 @@ Graph trace_graph(const nn::Module& model, const std::vector<TraceInput>& inputs
              outs.size(), output_names.size(), fmt::join(output_names, ", "));
     for (size_t i = 0; i < outs.size(); ++i) tracer.add_output(outs[i], output_names[i]);
   }
+  tracer.merge_splits();
   Graph g = std::move(tracer.graph);
   remove_dead_code(g);
   return g;
