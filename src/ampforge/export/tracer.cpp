@@ -70,6 +70,48 @@ std::string shape_key(const Tensor& t) {
                      t.strides().str(), static_cast<int>(t.dtype()));
 }
 
+// A view of a row-major tensor of L elements, as a slice of a reshape: dims (strides w, sizes n) sorted by
+// stride give the box (L / w1, w1 / w2, ..., w_k [when > 1]); the view starts at the mixed-radix digits of its
+// offset r. nullopt when the strides do not divide (then no single reshape + slice expresses it).
+struct BoxPlan {
+  std::vector<int> order;  // indices into the given dims, by decreasing stride
+  std::vector<int64_t> box, start, len;
+};
+
+std::optional<BoxPlan> plan_box(int64_t L, int64_t r, const std::vector<int64_t>& w_in, const std::vector<int64_t>& n_in) {
+  BoxPlan p;
+  const int k = static_cast<int>(w_in.size());
+  for (int j = 0; j < k; ++j) p.order.push_back(j);
+  std::stable_sort(p.order.begin(), p.order.end(), [&](int x, int y) { return w_in[x] > w_in[y]; });
+  std::vector<int64_t> w, n;
+  for (int j : p.order) w.push_back(w_in[j]), n.push_back(n_in[j]);
+  for (int i = 0; i < k; ++i)
+    if (w[i] <= 0 || (i + 1 < k && w[i] <= w[i + 1])) return std::nullopt;  // overlapping or negative
+  if (k == 0) {
+    p.box = {L};
+    p.start = {r};
+    p.len = {1};
+  } else {
+    if (L % w[0] != 0) return std::nullopt;
+    p.box.push_back(L / w[0]);
+    for (int i = 0; i + 1 < k; ++i) {
+      if (w[i] % w[i + 1] != 0) return std::nullopt;
+      p.box.push_back(w[i] / w[i + 1]);
+    }
+    if (w[k - 1] > 1) p.box.push_back(w[k - 1]);
+    int64_t rem = r;
+    for (int i = 0; i < k; ++i) {
+      p.start.push_back(rem / w[i]);
+      rem %= w[i];
+      p.len.push_back(n[i]);
+    }
+    if (w[k - 1] > 1) p.start.push_back(rem), p.len.push_back(1);
+  }
+  for (size_t i = 0; i < p.box.size(); ++i)
+    if (p.start[i] + p.len[i] > p.box[i]) return std::nullopt;
+  return p;
+}
+
 class Tracer {
  public:
   Tracer(const nn::Module& model, const TraceOptions& opt) : opt_(opt) {
@@ -185,7 +227,7 @@ class Tracer {
   std::unordered_map<const TensorImpl*, std::string> params_;
   std::unordered_map<const StorageImpl*, Base> bases_;
   std::unordered_map<const StorageImpl*, std::vector<Fragment>> frags_;
-  std::map<std::string, Ref> views_;
+  std::map<std::string, Ref> views_, reshapes_;
   std::map<std::string, std::string> consts_;
   std::vector<Tensor> keep_;  // keeps every storage seen alive, so no address is reused during the trace
   std::set<std::string> node_names_;
@@ -297,7 +339,12 @@ class Tracer {
       r.bm = s[0] / opt_.batch_size;
       s[0] = -1;
     }
+    // The same reshape of the same value is one node (chunk's pieces then share their input, so they merge
+    // into one Split).
+    const std::string key = x.name + "|" + fmt::format("{}", fmt::join(s, ","));
+    if (auto it = reshapes_.find(key); it != reshapes_.end()) return it->second;
     r.name = emit("Reshape", {x.name, const_ints(s)}, {});
+    reshapes_[key] = r;
     return r;
   }
 
@@ -341,62 +388,101 @@ class Tracer {
       want = cur_shape;
     }
     const int64_t L = B.numel();
-    // 2. U without broadcast (stride 0) and size-1 dims, sorted by stride.
+    // 2. U without broadcast (stride 0) and size-1 dims.
     std::vector<int> ud;
     for (int i = 0; i < u.dim(); ++i)
       if (u.size(i) > 1 && u.stride(i) != 0) ud.push_back(i);
-    std::vector<int> usorted = ud;
-    std::stable_sort(usorted.begin(), usorted.end(), [&](int x, int y) { return u.stride(x) > u.stride(y); });
-    const int k = static_cast<int>(usorted.size());
-    std::vector<int64_t> w, n;
-    for (int i : usorted) w.push_back(u.stride(i)), n.push_back(u.size(i));
-    for (int i = 0; i + 1 < k; ++i)
-      AF_CHECK(w[i] > w[i + 1], "ONNX export: a view with overlapping elements cannot be expressed (op '{}')",
-               op_name(current_op_));
-    // 3. The box: B as (L / w1, w1 / w2, ..., w_{k-1} / w_k, w_k), the view is a slice of it.
-    std::vector<int64_t> box, start, len;
-    if (k == 0) {
-      box = {L};
-      start = {r};
-      len = {1};
-    } else {
-      AF_CHECK(L % w[0] == 0, "ONNX export: a view of shape {} with strides {} cannot be expressed (op '{}')",
-               u.shape().str(), u.strides().str(), op_name(current_op_));
-      box.push_back(L / w[0]);
-      for (int i = 0; i + 1 < k; ++i) {
-        AF_CHECK(w[i] % w[i + 1] == 0, "ONNX export: a view of shape {} with strides {} cannot be expressed (op '{}')",
-                 u.shape().str(), u.strides().str(), op_name(current_op_));
-        box.push_back(w[i] / w[i + 1]);
+    std::vector<int64_t> ustr, n_ud;  // U's strides (elements of the current row-major tensor) and sizes, ud order
+    for (int i : ud) ustr.push_back(u.stride(i)), n_ud.push_back(u.size(i));
+    auto fail = [&] {
+      AF_THROW(InvalidArgument, "ONNX export: a view of shape {} with strides {} and offset {} of a value of shape {} "
+               "cannot be expressed with Reshape/Slice/Transpose (op '{}')", u.shape().str(), u.strides().str(),
+               u.offset(), B.shape().str(), op_name(current_op_));
+    };
+    std::optional<BoxPlan> plan = plan_box(L, r, ustr, n_ud);
+    if (!plan) {
+      // 3a. Not a slice of the flat buffer's box: first Slice the value in its own dims to the bounding box of
+      // the view's corners (e.g. channels 0..15 of (N, 19, 8, 8) viewed as (N, 4, 4, 64)), then retry on that.
+      std::vector<int64_t> S;
+      for (int i : bsorted) S.push_back(B.size(i));
+      if (S.empty()) fail();
+      auto coords = [&](int64_t pos) {
+        std::vector<int64_t> c(S.size());
+        for (size_t i = S.size(); i-- > 0;) c[i] = pos % S[i], pos /= S[i];
+        return c;
+      };
+      const size_t nd = ud.size();
+      if (nd > 12) fail();
+      std::vector<std::vector<int64_t>> corners;
+      for (uint32_t mask = 0; mask < (1u << nd); ++mask) {
+        int64_t pos = r;
+        for (size_t j = 0; j < nd; ++j)
+          if (mask & (1u << j)) pos += (n_ud[j] - 1) * ustr[j];
+        corners.push_back(coords(pos));
       }
-      if (w[k - 1] > 1) box.push_back(w[k - 1]);
-      int64_t rem = r;
-      for (int i = 0; i < k; ++i) {
-        start.push_back(rem / w[i]);
-        rem %= w[i];
-        len.push_back(n[i]);
+      std::vector<int64_t> lo = corners[0], hi = corners[0];
+      for (auto& c : corners)
+        for (size_t i = 0; i < S.size(); ++i) lo[i] = std::min(lo[i], c[i]), hi[i] = std::max(hi[i], c[i]);
+      std::vector<int64_t> S2(S.size()), st2(S.size());
+      for (size_t i = 0; i < S.size(); ++i) S2[i] = hi[i] - lo[i] + 1;
+      int64_t L2 = 1;
+      for (size_t i = S.size(); i-- > 0;) st2[i] = L2, L2 *= S2[i];
+      auto pos2 = [&](int64_t pos) {
+        const auto c = coords(pos);
+        int64_t q = 0;
+        for (size_t i = 0; i < S.size(); ++i) {
+          if (c[i] < lo[i] || c[i] > hi[i]) return int64_t{-1};
+          q += (c[i] - lo[i]) * st2[i];
+        }
+        return q;
+      };
+      const int64_t r2 = pos2(r);
+      std::vector<int64_t> w2(nd);
+      for (size_t j = 0; j < nd; ++j) w2[j] = pos2(r + ustr[j]) - r2;
+      for (uint32_t mask = 0; mask < (1u << nd); ++mask) {  // linear in the sliced tensor at every corner
+        int64_t pos = r, q = r2;
+        for (size_t j = 0; j < nd; ++j)
+          if (mask & (1u << j)) pos += (n_ud[j] - 1) * ustr[j], q += (n_ud[j] - 1) * w2[j];
+        if (pos2(pos) != q) fail();
       }
-      if (w[k - 1] > 1) start.push_back(rem), len.push_back(1);
-      else AF_ASSERT(rem == 0, "view offset remainder");
+      plan = plan_box(L2, r2, w2, n_ud);
+      if (!plan) fail();
+      want = S;
+      std::vector<int64_t> axes, starts, ends;
+      for (size_t i = 0; i < S.size(); ++i) {
+        if (lo[i] == 0 && hi[i] == S[i] - 1) continue;
+        AF_CHECK(!(dyn && i == 0), "ONNX export: --dynamic-batch: the graph slices along the batch (op '{}')",
+                 op_name(current_op_));
+        axes.push_back(static_cast<int64_t>(i)), starts.push_back(lo[i]), ends.push_back(hi[i] + 1);
+      }
+      flush();
+      cur.name = emit("Slice", {cur.name, const_ints(starts), const_ints(ends), const_ints(axes)}, {});
+      cur_shape = S2;
+      want = S2;
     }
-    for (size_t i = 0; i < box.size(); ++i)
-      AF_CHECK(start[i] + len[i] <= box[i], "ONNX export: a view of shape {} with strides {} and offset {} cannot be "
-               "expressed (op '{}')", u.shape().str(), u.strides().str(), u.offset(), op_name(current_op_));
+    // 3. The box: the (current) value as (L / w1, w1 / w2, ..., w_{k-1} / w_k, w_k); the view is a slice of it.
+    const std::vector<int64_t>& box = plan->box;
+    std::vector<int> usorted;
+    for (int j : plan->order) usorted.push_back(ud[j]);
+    std::vector<int64_t> n;
+    for (int j : plan->order) n.push_back(n_ud[j]);
     want = box;  // pending: emitted only when a Slice follows
     std::vector<int64_t> axes, starts, ends;
     for (size_t i = 0; i < box.size(); ++i) {
-      if (start[i] == 0 && len[i] == box[i]) continue;
+      if (plan->start[i] == 0 && plan->len[i] == box[i]) continue;
       AF_CHECK(!(dyn && i == 0), "ONNX export: --dynamic-batch: the graph slices along the batch (op '{}')",
                op_name(current_op_));
       axes.push_back(static_cast<int64_t>(i));
-      starts.push_back(start[i]);
-      ends.push_back(start[i] + len[i]);
+      starts.push_back(plan->start[i]);
+      ends.push_back(plan->start[i] + plan->len[i]);
     }
     if (!axes.empty()) {
       flush();
       const std::string from = cur.name;
       cur.name = emit("Slice", {cur.name, const_ints(starts), const_ints(ends), const_ints(axes)}, {});
       if (axes.size() == 1) slices_.push_back({from, cur.name, axes[0], starts[0], ends[0], box[axes[0]]});
-      for (size_t i = 0; i < box.size(); ++i) cur_shape[i] = len[i];
+      cur_shape = box;
+      for (size_t i = 0; i < box.size(); ++i) cur_shape[i] = plan->len[i];
       want = cur_shape;
     }
     want = n;  // drop the unit remainder dim
