@@ -14,6 +14,7 @@
 #include "ampforge/autograd/node.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/export/exporter.h"
+#include "ampforge/export/inference.h"
 #include "ampforge/export/onnx_testutil.h"
 #include "ampforge/export/protobuf.h"
 #include "ampforge/export/tracer.h"
@@ -129,6 +130,8 @@ class TinyEncoder : public nn::Module {
     ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(Shape{kE}));
     head = register_module("head", std::make_shared<nn::Linear>(kE, kVocab));
   }
+  // Module interface (as BERT's): every position attended.
+  Tensor forward(const Tensor& ids) override { return forward2(ids, ones(ids.shape(), DType::I64)); }
   // ids (B, T) I64, mask (B, T) I64 (1 = token) -> logits (B, T, V)
   Tensor forward2(const Tensor& ids, const Tensor& mask) {
     const int64_t B = ids.size(0), T = ids.size(1);
@@ -297,6 +300,34 @@ TEST(OnnxExport, EncoderWithMaskedAttentionMatchesOnnxRuntime) {
   if (!out.contains("logits")) return;
   EXPECT_EQ(out.at("logits").shape(), ref.shape());
   EXPECT_LE(measured("encoder (masked attention)", out.at("logits"), ref), kF32Bound);
+}
+
+TEST(OnnxExport, MaskedLmTaskSignatureIsInputIdsToLogits) {
+  // What `ampforge export` uses for a registered masked_lm model (BERT): input_ids (B, seq_len) -> logits.
+  models::ModelEntry entry{"tiny-text", "masked_lm", "test", {}, nullptr, nullptr};
+  InferenceModel m;
+  m.entry = &entry;
+  m.model = std::make_shared<TinyEncoder>();
+  randomize(*m.model, 5);
+  m.model->eval();
+  m.seq_len = TinyEncoder::kT;
+  ExportOptions opt;
+  opt.batch = 2;
+  const Graph g = build_onnx_graph(*m.model, signature_for(m, 2), opt);
+  ASSERT_EQ(g.inputs.size(), 1u);
+  EXPECT_EQ(g.inputs[0].name, "input_ids");
+  EXPECT_EQ(g.inputs[0].type, OnnxType::Int64);
+  EXPECT_EQ(g.outputs.at(0).name, "logits");
+  Tensor ids = Tensor::from_vector(std::vector<int64_t>{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, Shape{2, TinyEncoder::kT});
+  Tensor ref;
+  {
+    autograd::NoGradGuard ng;
+    ref = m.model->forward(ids);
+  }
+  const auto out = check_and_run(g, "masked_lm", {{"input_ids", ids}});
+  if (out.contains("logits")) {
+    EXPECT_LE(measured("masked_lm signature", out.at("logits"), ref), kF32Bound);
+  }
 }
 
 TEST(OnnxExport, DetectorWithChunkCatResizeMatchesOnnxRuntime) {

@@ -22,6 +22,10 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
   if (takes_images(m.entry->task))
     AF_CHECK(o.seq_len == 0, "--seq-len applies to text models; '{}' ({}) takes images (use --image-size)", o.model,
              m.entry->task);
+  if (m.entry->task == "masked_lm")
+    AF_CHECK(o.image_size == 0 && o.in_channels == 0, "--image-size and --in-channels apply to image models; '{}' "
+             "({}) takes token ids (use --seq-len)", o.model, m.entry->task);
+  if (o.seq_len > 0) m.seq_len = o.seq_len;
   m.options = m.entry->defaults;
   if (o.in_channels > 0) m.options.in_channels = o.in_channels;
   if (o.num_classes > 0) m.options.num_classes = o.num_classes;
@@ -59,6 +63,13 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
 }
 
 Signature signature_for(const InferenceModel& m, int64_t batch) {
+  if (m.entry->task == "masked_lm") {
+    Signature s;
+    s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}};
+    s.outputs = {"logits"};
+    s.run = [](nn::Module& model, const std::vector<Tensor>& in) { return std::vector<Tensor>{model.forward(in.at(0))}; };
+    return s;
+  }
   AF_CHECK(takes_images(m.entry->task), "model '{}' has task '{}', which has no inference signature in this build",
            m.entry->name, m.entry->task);
   return image_signature(batch, m.options.in_channels, m.options.image_size);
