@@ -6,6 +6,7 @@
 #include "ampforge/export/tracer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -277,6 +278,20 @@ class Tracer {
   }
 
   std::string fresh(const char* stem) { return fmt::format("{}_{}", stem, counter_++); }
+
+  // With a dynamic batch, a constant made in the forward with the traced batch in dim 0 (zeros token types, a
+  // mask of ones) cannot follow the batch; when every slice along dim 0 is the same and the reader broadcasts
+  // (elementwise ops), it is written with dim 0 = 1 instead.
+  std::string constant_for_broadcast(const Tensor& t) {
+    if (!opt_.dynamic_batch || t.dim() < 1 || t.size(0) != opt_.batch_size || params_.count(t.impl())) return constant(t);
+    Suspend quiet;
+    const Tensor c = t.contiguous();
+    const size_t row = static_cast<size_t>(c.nbytes() / c.size(0));
+    const char* p = static_cast<const char*>(c.data_ptr());
+    for (int64_t i = 1; i < c.size(0); ++i)
+      if (std::memcmp(p, p + i * row, row) != 0) return constant(t);
+    return constant(c.narrow(0, 0, 1));
+  }
 
   std::string constant(const Tensor& t) {
     const std::string key = shape_key(t);
@@ -626,7 +641,8 @@ class Tracer {
     auto out = [&](std::string name) { return first_bm(ins, a, std::move(name)); };
     const DType dt = a.out(0).dtype();
     auto unary = [&](const char* type) { return out(emit(type, {in(0)}, {})); };
-    auto binary = [&](const char* type) { return out(emit(type, {in(0), in(1)}, {})); };
+    auto bin_in = [&](size_t i) { return ins[i] ? ins[i]->name : constant_for_broadcast(a.in(i)); };
+    auto binary = [&](const char* type) { return out(emit(type, {bin_in(0), bin_in(1)}, {})); };
     switch (op) {
       case OpId::neg: return unary("Neg");
       case OpId::abs: return unary("Abs");
@@ -671,12 +687,12 @@ class Tracer {
       case OpId::maximum: return binary("Max");
       case OpId::minimum: return binary("Min");
       case OpId::eq: return binary("Equal");
-      case OpId::ne: return out(emit("Not", {emit("Equal", {in(0), in(1)}, {})}, {}));
+      case OpId::ne: return out(emit("Not", {emit("Equal", {bin_in(0), bin_in(1)}, {})}, {}));
       case OpId::lt: return binary("Less");
       case OpId::le: return binary("LessOrEqual");
       case OpId::gt: return binary("Greater");
       case OpId::ge: return binary("GreaterOrEqual");
-      case OpId::where: return out(emit("Where", {in(0), in(1), in(2)}, {}));
+      case OpId::where: return out(emit("Where", {bin_in(0), bin_in(1), bin_in(2)}, {}));
       case OpId::sum:
       case OpId::mean:
       case OpId::amax:
