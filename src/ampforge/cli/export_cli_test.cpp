@@ -69,7 +69,7 @@ double export_check_compare(const Case& c, const std::vector<std::string>& extra
   models::ModelOptions o;
   o.in_channels = c.channels, o.image_size = c.image, o.num_classes = c.classes;
   const std::string ckpt = write_checkpoint(c.model, o, 11);
-  const std::string stem = c.model + (extra.empty() ? "" : "_" + std::to_string(extra.size())) + precision;
+  const std::string stem = fmt::format("{}_{}_{}", c.model, extra.size(), precision);
   const std::string onnx = tmp_path(stem + ".onnx");
   std::vector<std::string> args = {"export", "--model", c.model, "--checkpoint", ckpt, "-o", onnx,
                                    "--image-size", std::to_string(c.image), "--in-channels", std::to_string(c.channels),
@@ -169,7 +169,7 @@ TEST(ExportCli, ErrorsExitTwoAndWriteNothing) {
   const std::string cnn_ckpt = write_checkpoint("cnn", o, 3);
   expect_error({"export", "--model", "resnet18", "--checkpoint", cnn_ckpt, "-o", out}, "does not fit model 'resnet18'");
   // Same model, other shapes (10 classes saved, 7 asked for).
-  expect_error({"export", "--model", "cnn", "--checkpoint", cnn_ckpt, "--classes", "7", "-o", out}, "fc");
+  expect_error({"export", "--model", "cnn", "--checkpoint", cnn_ckpt, "--classes", "7", "-o", out}, "11.weight (model [7, 128], state [10, 128])");
   // Unsupported options.
   expect_error({"export", "--model", "cnn", "--random-init", "--opset", "18", "-o", out}, "only opset 17");
   expect_error({"export", "--model", "cnn", "--random-init", "--seq-len", "128", "-o", out}, "--seq-len applies to text");
