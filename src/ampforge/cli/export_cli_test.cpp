@@ -168,8 +168,21 @@ TEST(ExportCli, ErrorsExitTwoAndWriteNothing) {
   o.in_channels = 1, o.image_size = 28, o.num_classes = 10;
   const std::string cnn_ckpt = write_checkpoint("cnn", o, 3);
   expect_error({"export", "--model", "resnet18", "--checkpoint", cnn_ckpt, "-o", out}, "does not fit model 'resnet18'");
+  // An `ampforge train --save` checkpoint says which model it holds.
+  const std::string train_ckpt = tmp_path("train_ckpt.safetensors");
+  {
+    nn::ModulePtr m = models::create("cnn", o);
+    std::vector<std::pair<std::string, Tensor>> state;
+    for (auto& [n, t] : m->state_dict()) state.emplace_back("model." + n, t);
+    save_safetensors(train_ckpt, state, {{"format", "ampforge-checkpoint-v1"}, {"model", "cnn"}});
+  }
+  expect_error({"export", "--model", "resnet-small", "--checkpoint", train_ckpt, "-o", out},
+               "was saved from model 'cnn', not 'resnet-small'");
   // Same model, other shapes (10 classes saved, 7 asked for).
   expect_error({"export", "--model", "cnn", "--checkpoint", cnn_ckpt, "--classes", "7", "-o", out}, "11.weight (model [7, 128], state [10, 128])");
+  // The right checkpoint loads (the "model." prefix is stripped).
+  const auto okr = run_ampforge({"export", "--model", "cnn", "--checkpoint", train_ckpt, "-o", tmp_path("ok.onnx")}, kEnv, 120);
+  EXPECT_EQ(okr.exit_code, 0) << okr.err;
   // Unsupported options.
   expect_error({"export", "--model", "cnn", "--random-init", "--opset", "18", "-o", out}, "only opset 17");
   expect_error({"export", "--model", "cnn", "--random-init", "--seq-len", "128", "-o", out}, "--seq-len applies to text");
