@@ -193,14 +193,14 @@ TEST(ExportCli, ErrorsExitTwoAndWriteNothing) {
   const std::string bad_in = tmp_path("bad_in.safetensors");
   save_safetensors(bad_in, {{"pixels", zeros(Shape{1, 1, 28, 28})}});
   const auto p = run_ampforge({"predict", "--model", "cnn", "--random-init", "--input", bad_in, "--output",
-                               tmp_path("y.safetensors")}, kEnv, 60);
+                               tmp_path("y.safetensors")}, kEnv, 120);
   EXPECT_EQ(p.exit_code, 2);
   EXPECT_NE(p.err.find("no tensor 'images'"), std::string::npos) << p.err;
-  const auto h = run_ampforge({"export", "--help"}, kEnv);
+  const auto h = run_ampforge({"export", "--help"}, kEnv, 120);
   EXPECT_EQ(h.exit_code, 0);
   EXPECT_NE(h.out.find("--dynamic-batch"), std::string::npos) << h.out;
   EXPECT_NE(h.out.find("trtexec"), std::string::npos) << h.out;
-  const auto ph = run_ampforge({"predict", "--help"}, kEnv);
+  const auto ph = run_ampforge({"predict", "--help"}, kEnv, 120);
   EXPECT_EQ(ph.exit_code, 0);
   EXPECT_NE(ph.out.find("--precision"), std::string::npos) << ph.out;
 }
