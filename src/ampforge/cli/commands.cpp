@@ -12,6 +12,8 @@ CommandList register_commands(CLI::App& app) {
   list.push_back(add_profile_command(app));
   list.push_back(add_models_command(app));
   list.push_back(add_bench_command(app));
+  list.push_back(add_export_command(app));
+  list.push_back(add_predict_command(app));
   return list;
 }
 

@@ -25,5 +25,7 @@ Command add_memory_command(CLI::App& app);
 Command add_profile_command(CLI::App& app);
 Command add_models_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
+Command add_predict_command(CLI::App& app);
 
 }  // namespace ampforge::cli

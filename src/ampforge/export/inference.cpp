@@ -1,0 +1,78 @@
+#include "ampforge/export/inference.h"
+
+#include "ampforge/core/safetensors.h"
+#include "ampforge/nn/init.h"
+#include "ampforge/nn/state_dict.h"
+
+namespace ampforge::onnx_export {
+
+namespace {
+constexpr const char* kCheckpointFormat = "ampforge-checkpoint-v1";  // train/checkpoint.h (train sits above export)
+
+bool takes_images(const std::string& task) { return task == "classification" || task == "detection"; }
+}  // namespace
+
+InferenceModel load_inference_model(const InferenceModelOptions& o) {
+  InferenceModel m;
+  m.entry = &models::model_registry().at(o.model);
+  AF_CHECK(!o.checkpoint.empty() || o.random_init,
+           "model '{}' has no weights: pass --checkpoint FILE (from `ampforge train --save`, or a converted state "
+           "dict), or --random-init to use the untrained initialisation on purpose (runtime tests)", o.model);
+  AF_CHECK(o.checkpoint.empty() || !o.random_init, "--checkpoint and --random-init exclude each other");
+  if (takes_images(m.entry->task))
+    AF_CHECK(o.seq_len == 0, "--seq-len applies to text models; '{}' ({}) takes images (use --image-size)", o.model,
+             m.entry->task);
+  if (m.entry->task == "masked_lm")
+    AF_CHECK(o.image_size == 0 && o.in_channels == 0, "--image-size and --in-channels apply to image models; '{}' "
+             "({}) takes token ids (use --seq-len)", o.model, m.entry->task);
+  if (o.seq_len > 0) m.seq_len = o.seq_len;
+  m.options = m.entry->defaults;
+  if (o.in_channels > 0) m.options.in_channels = o.in_channels;
+  if (o.num_classes > 0) m.options.num_classes = o.num_classes;
+  if (o.image_size > 0) m.options.image_size = o.image_size;
+  if (o.random_init) {
+    manual_seed(o.seed);
+    m.model = m.entry->build(m.options);
+  } else {
+    {
+      nn::init::SkipInitGuard skip;  // every value comes from the file
+      m.model = m.entry->build(m.options);
+    }
+    SafetensorsFile f = load_safetensors(o.checkpoint);
+    nn::NamedTensors state;
+    auto fmt_it = f.metadata.find("format");
+    if (fmt_it != f.metadata.end() && fmt_it->second == kCheckpointFormat) {
+      const std::string saved = f.metadata.count("model") ? f.metadata.at("model") : "";
+      AF_CHECK(saved == o.model, "checkpoint '{}' was saved from model '{}', not '{}' (pass --model {})", o.checkpoint,
+               saved, o.model, saved);
+      for (auto& [n, t] : f.tensors)
+        if (n.rfind("model.", 0) == 0) state.emplace_back(n.substr(6), t);
+    } else {
+      state = f.tensors;
+    }
+    const nn::LoadReport r = nn::compare_state_dict(*m.model, state);
+    AF_CHECK(r.ok(), "checkpoint '{}' does not fit model '{}' ({} input channels, {} classes, image size {}): {}{}",
+             o.checkpoint, o.model, m.options.in_channels, m.options.num_classes, m.options.image_size, r.str(),
+             r.mismatched_keys.empty() ? "" : " (a model trained on other data: pass --in-channels/--classes/--image-size)");
+    nn::LoadOptions lo;
+    nn::load_state_dict(*m.model, state, lo);
+    m.loaded_tensors = static_cast<int64_t>(state.size());
+  }
+  m.model->eval();
+  return m;
+}
+
+Signature signature_for(const InferenceModel& m, int64_t batch) {
+  if (m.entry->task == "masked_lm") {
+    Signature s;
+    s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}};
+    s.outputs = {"logits"};
+    s.run = [](nn::Module& model, const std::vector<Tensor>& in) { return std::vector<Tensor>{model.forward(in.at(0))}; };
+    return s;
+  }
+  AF_CHECK(takes_images(m.entry->task), "model '{}' has task '{}', which has no inference signature in this build",
+           m.entry->name, m.entry->task);
+  return image_signature(batch, m.options.in_channels, m.options.image_size);
+}
+
+}  // namespace ampforge::onnx_export
