@@ -24,5 +24,6 @@ Command add_monitor_command(CLI::App& app);
 Command add_memory_command(CLI::App& app);
 Command add_profile_command(CLI::App& app);
 Command add_models_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
 
 }  // namespace ampforge::cli
