@@ -12,6 +12,7 @@ CommandList register_commands(CLI::App& app) {
   list.push_back(add_profile_command(app));
   list.push_back(add_models_command(app));
   list.push_back(add_data_command(app));
+  list.push_back(add_detect_command(app));
   return list;
 }
 

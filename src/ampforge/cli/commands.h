@@ -25,5 +25,6 @@ Command add_memory_command(CLI::App& app);
 Command add_profile_command(CLI::App& app);
 Command add_models_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
+Command add_detect_command(CLI::App& app);
 
 }  // namespace ampforge::cli

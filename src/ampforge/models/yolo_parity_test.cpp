@@ -84,9 +84,14 @@ void expect_close(const std::string& what, const std::vector<double>& a, const s
                     << ", reference " << r.expected_at_worst;
 }
 
-std::shared_ptr<DetectionModel> hashed_yolov8n() {
+std::shared_ptr<DetectionModel> hashed_yolov8n(const json& manifest) {
   auto model = yolov8('n', 80, 3);
-  hashinit::set_hashed_weights(*model);
+  const std::vector<double> sums = hashinit::set_hashed_weights(*model);
+  // The hash formula agrees with the script's (each state tensor's sum).
+  const std::vector<double> want = manifest.at("yolov8n").at("weight_sum").get<std::vector<double>>();
+  EXPECT_EQ(sums.size(), want.size());
+  for (size_t i = 0; i < std::min(sums.size(), want.size()); ++i)
+    EXPECT_NEAR(sums[i], want[i], 1e-9 * (1 + std::abs(want[i]))) << "state tensor " << i;
   autograd::NoGradGuard ng;
   ops::copy_(model->detect->dfl->conv->weight, ops::reshape(ops::arange(0, 16, 1, DType::F32), {1, 16, 1, 1}));
   model->detect->bias_init();
@@ -125,7 +130,7 @@ TEST(YoloParity, ForwardLossAndGradientsMatchTheReference) {
   const Golden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
-  auto model = hashed_yolov8n();
+  auto model = hashed_yolov8n(g.manifest);
   const Tensor x = hashinit::hashed_input({2, 3, 128, 128});
 
   model->eval();
