@@ -212,6 +212,10 @@ int run_fit(const FitArgs& a) {
     for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
     AF_THROW(InvalidArgument, "--model: unknown model '{}': available models are {}", a.model, known);
   }
+  // The probe runs a classification step (cross-entropy on synthetic labels); detection models need targets.
+  AF_CHECK(models::model_registry().at(a.model).task == "classification",
+           "--model {}: memory fit probes classification models only ({} is a {} model)", a.model, a.model,
+           models::model_registry().at(a.model).task);
   AF_CHECK(a.steps >= 1 && a.steps <= 10, "--steps must be in [1, 10], got {}", a.steps);
   AF_CHECK(a.max_batch >= 1 && a.max_batch <= (int64_t{1} << 40), "--max-batch must be in [1, 2^40], got {}",
            a.max_batch);
