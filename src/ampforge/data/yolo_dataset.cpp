@@ -183,11 +183,46 @@ YoloDetectionDataset::Letterbox YoloDetectionDataset::letterbox(int64_t i) const
   return lb;
 }
 
-bool YoloDetectionDataset::flipped(const ExampleContext& ctx) const {
-  if (!opt_.augment || opt_.fliplr <= 0) return false;
-  ExampleRng rng(ctx.key);
-  return rng.uniform() < opt_.fliplr;
+YoloDetectionDataset::Augmentation YoloDetectionDataset::augmentation(const ExampleContext& ctx) const {
+  Augmentation a;
+  if (!opt_.augment) return a;
+  ExampleRng rng(ctx.key);  // draws in a fixed order: flip, then the three gains
+  a.flip = rng.uniform() < opt_.fliplr;
+  a.gain_h = 1 + rng.uniform(-1, 1) * opt_.hsv_h;
+  a.gain_s = 1 + rng.uniform(-1, 1) * opt_.hsv_s;
+  a.gain_v = 1 + rng.uniform(-1, 1) * opt_.hsv_v;
+  return a;
 }
+
+namespace {
+
+// RGB in [0, 1] -> HSV (h in [0, 1), s, v in [0, 1]) -> gains -> RGB. The standard hexcone conversion.
+void hsv_jitter(float& r, float& g, float& b, double gh, double gs, double gv) {
+  const float mx = std::max({r, g, b}), mn = std::min({r, g, b}), d = mx - mn;
+  double h = 0;
+  if (d > 0) {
+    if (mx == r) h = std::fmod((g - b) / d, 6.0);
+    else if (mx == g) h = (b - r) / d + 2.0;
+    else h = (r - g) / d + 4.0;
+    h /= 6.0;
+    if (h < 0) h += 1.0;
+  }
+  double s = mx > 0 ? d / mx : 0.0, v = mx;
+  h = std::fmod(h * gh, 1.0);
+  s = std::clamp(s * gs, 0.0, 1.0);
+  v = std::clamp(v * gv, 0.0, 1.0);
+  const double c = v * s, hp = h * 6.0, x = c * (1 - std::abs(std::fmod(hp, 2.0) - 1)), m = v - c;
+  double rr = 0, gg = 0, bb = 0;
+  if (hp < 1) rr = c, gg = x;
+  else if (hp < 2) rr = x, gg = c;
+  else if (hp < 3) gg = c, bb = x;
+  else if (hp < 4) gg = x, bb = c;
+  else if (hp < 5) rr = x, bb = c;
+  else rr = c, bb = x;
+  r = static_cast<float>(rr + m), g = static_cast<float>(gg + m), b = static_cast<float>(bb + m);
+}
+
+}  // namespace
 
 void YoloDetectionDataset::get(int64_t i, float* dst, const ExampleContext& ctx) const {
   const std::string& f = files_[static_cast<size_t>(i)];
@@ -196,16 +231,21 @@ void YoloDetectionDataset::get(int64_t i, float* dst, const ExampleContext& ctx)
            f, img.width, img.height, image_width(i), image_height(i));
   const Letterbox lb = letterbox(i);
   if (lb.new_w != img.width || lb.new_h != img.height) img = resize(img, lb.new_h, lb.new_w);
-  if (flipped(ctx)) hflip_(img);
+  const Augmentation aug = augmentation(ctx);
+  if (aug.flip) hflip_(img);
+  const bool jitter = aug.gain_h != 1 || aug.gain_s != 1 || aug.gain_v != 1;
   const int64_t S = opt_.image_size, plane = S * S;
   // flip the placement too, so a flipped example is the mirror image of the unflipped one
-  const int64_t left = flipped(ctx) ? S - lb.new_w - lb.left : lb.left;
-  std::fill(dst, dst + 3 * plane, 114.0f / 255.0f);
+  const int64_t left = aug.flip ? S - lb.new_w - lb.left : lb.left;
+  std::fill(dst, dst + 3 * plane, 114.0f / 255.0f);  // the padding stays 114 (not jittered)
   for (int64_t y = 0; y < lb.new_h; ++y)
     for (int64_t x = 0; x < lb.new_w; ++x) {
       const uint8_t* p = img.at(y, x);
       const int64_t q = (y + lb.top) * S + (x + left);
-      for (int64_t c = 0; c < 3; ++c) dst[c * plane + q] = static_cast<float>(p[c]) / 255.0f;
+      float rgb[3] = {static_cast<float>(p[0]) / 255.0f, static_cast<float>(p[1]) / 255.0f,
+                      static_cast<float>(p[2]) / 255.0f};
+      if (jitter) hsv_jitter(rgb[0], rgb[1], rgb[2], aug.gain_h, aug.gain_s, aug.gain_v);
+      for (int64_t c = 0; c < 3; ++c) dst[c * plane + q] = rgb[c];
     }
 }
 

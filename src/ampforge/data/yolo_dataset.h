@@ -12,8 +12,8 @@
 // non-positive size), a number that does not parse, an image that does not decode, an empty split.
 //
 // Examples are letterboxed (Ultralytics' LetterBox: scale min(S/h, S/w), centred, padded with 114/255) to
-// S x S, as (3, S, S) floats in [0, 1]; with augmentation, a horizontal flip with probability fliplr drawn from
-// the example's key. The boxes follow the same transform (Dataset::targets).
+// S x S, as (3, S, S) floats in [0, 1]; with augmentation, a horizontal flip with probability fliplr and an HSV
+// jitter, both drawn from the example's key. The boxes follow the same transform (Dataset::targets).
 #pragma once
 
 #include <cstdint>
@@ -45,8 +45,12 @@ DetectionDataSpec read_detection_data_file(const std::string& path);
 
 struct DetectionDatasetOptions {
   int64_t image_size = 320;  // S: examples are (3, S, S)
-  bool augment = false;      // training: random horizontal flips
+  bool augment = false;      // training: random horizontal flips and HSV jitter
   double fliplr = 0.5;
+  // Ultralytics' RandomHSV gains (default.yaml): each example's hue, saturation and value are multiplied by
+  // 1 + U(-1, 1) * gain (hue wraps, saturation and value are clipped). Computed in float HSV, not with
+  // OpenCV's 8-bit lookup tables. 0 turns a channel's jitter off.
+  double hsv_h = 0.015, hsv_s = 0.7, hsv_v = 0.4;
   std::string name = "detection";
 };
 
@@ -79,7 +83,12 @@ class YoloDetectionDataset final : public Dataset {
   int64_t image_height(int64_t i) const { return sizes_[static_cast<size_t>(i)].first; }
 
  private:
-  bool flipped(const ExampleContext& ctx) const;
+  struct Augmentation {
+    bool flip = false;
+    double gain_h = 1, gain_s = 1, gain_v = 1;
+  };
+  Augmentation augmentation(const ExampleContext& ctx) const;  // a function of ctx.key only
+  bool flipped(const ExampleContext& ctx) const { return augmentation(ctx).flip; }
   std::vector<std::string> files_, names_;
   std::vector<std::vector<DetectionBox>> boxes_;
   std::vector<std::pair<int64_t, int64_t>> sizes_;  // (h, w)

@@ -102,6 +102,7 @@ TEST(YoloData, ComposedSetIsDeterministicAndLetterboxedBoxesFollowThePixels) {
   dopt.image_size = 128;
   dopt.augment = true;
   dopt.fliplr = 1.0;
+  dopt.hsv_h = dopt.hsv_s = dopt.hsv_v = 0;  // flips only
   YoloDetectionDataset flipped(spec.train, spec.names, dopt);
   dopt.augment = false;
   YoloDetectionDataset plain(spec.train, spec.names, dopt);
@@ -127,6 +128,33 @@ TEST(YoloData, ComposedSetIsDeterministicAndLetterboxedBoxesFollowThePixels) {
         brightest = std::max(brightest, x0[static_cast<size_t>(y * S + x)]);
     EXPECT_GT(brightest, 0.2f) << "box " << k;
   }
+  // HSV jitter on a gray image: hue and saturation do nothing, every pixel's value is scaled by one factor of the
+  // example key (clipped at 1), and the boxes do not move.
+  DetectionDatasetOptions hopt;
+  hopt.image_size = 128;
+  hopt.augment = true;
+  hopt.fliplr = 0;
+  YoloDetectionDataset jittered(spec.train, spec.names, hopt);
+  std::vector<float> xj(3 * S * S), xk(3 * S * S), tj(static_cast<size_t>(T * 5));
+  jittered.get(0, xj.data(), ctx);
+  jittered.targets(0, ctx, tj.data());
+  EXPECT_EQ(tj, t0);
+  double factor = 0;
+  for (int64_t q = 0; q < S * S; ++q) {
+    const float a = x0[static_cast<size_t>(q)], b = xj[static_cast<size_t>(q)];
+    EXPECT_FLOAT_EQ(xj[static_cast<size_t>(q)], xj[static_cast<size_t>(2 * S * S + q)]);  // still gray
+    if (a > 0.2f && b < 0.99f) {
+      if (factor == 0) factor = b / a;
+      EXPECT_NEAR(b / a, factor, 1e-4) << q;
+    }
+  }
+  EXPECT_GT(factor, 0.6 - 1e-6);
+  EXPECT_LT(factor, 1.4 + 1e-6);
+  EXPECT_NE(factor, 1.0);
+  jittered.get(0, xk.data(), ExampleContext{124, 0, 0});
+  EXPECT_NE(xj, xk);  // another key, another gain
+  jittered.get(0, xk.data(), ctx);
+  EXPECT_EQ(xj, xk);  // the same key, the same example
   // The loader fills (B, T, 5) targets from the dataset, zero padded.
   LoaderOptions lo;
   lo.batch_size = 2;
