@@ -71,8 +71,10 @@ void DetectionMetrics::add_image(const std::vector<Detection>& dets, const std::
     AF_CHECK(t.cls >= 0 && t.cls < nc_, "DetectionMetrics: a ground-truth box has class {}, outside [0, {})", t.cls, nc_);
     ++gt_count_[static_cast<size_t>(t.cls)];
   }
-  // Ultralytics' match_predictions: per threshold, (box, prediction) pairs of the same class with IoU >= t,
-  // taken in decreasing IoU, each box and each prediction at most once.
+  // Per threshold, (box, prediction) pairs of the same class with IoU >= t, taken greedily in decreasing IoU, each
+  // box and each prediction at most once. Ultralytics' match_predictions sorts the same way but then keeps one
+  // pair per prediction and per box with two numpy unique passes, which can differ from greedy when a box's best
+  // prediction is claimed by another box (rare; not reproduced).
   struct Pair {
     float iou;
     size_t gt, pred;
