@@ -120,6 +120,7 @@ OPS = {
     "silu": lambda a, x: [F.silu(x)],
     "sigmoid": lambda a, x: [torch.sigmoid(x)],
     "tanh": lambda a, x: [torch.tanh(x)],
+    "atan": lambda a, x: [torch.atan(x)],
     "gelu": lambda a, x: [F.gelu(x, approximate=a["approximate"])],
     "add_scalar": lambda a, x: [x + a["scalar"]],
     "mul_scalar": lambda a, x: [x * a["scalar"]],

@@ -61,6 +61,7 @@ void register_core_samples(std::vector<Case>& out) {
   unary_cases(out, "silu", [](const Tensor& x) { return silu(x); }, "randn");
   unary_cases(out, "sigmoid", [](const Tensor& x) { return sigmoid(x); }, "randn");
   unary_cases(out, "tanh", [](const Tensor& x) { return tanh(x); }, "randn");
+  unary_cases(out, "atan", [](const Tensor& x) { return atan(x); }, "uniform", -3.0, 3.0);
   add(out, "gelu", "gelu", {{"approximate", "none"}}, {in("x", {3, 5}, "uniform", -3, 3)},
       [](const Ins& x, const json&) { return Outs{gelu(x[0], GeluApprox::None)}; });
   add(out, "gelu_tanh", "gelu", {{"approximate", "tanh"}}, {with_layout(in("x", {2, 4, 3}, "uniform", -3, 3), "transposed")},

@@ -92,6 +92,10 @@ void register_nn_samples(std::vector<Case>& out) {
   add(out, "max_pool2d_dilation_ceil", "max_pool2d",
       {{"kernel", {2, 3}}, {"stride", {2, 2}}, {"padding", {0, 1}}, {"dilation", {2, 1}}, {"ceil_mode", true}},
       {in("x", {1, 2, 6, 5})}, maxp);
+  // SPPF's pool (YOLOv8): kernel 5, stride 1, padding 2 keeps the size; the padding is -inf, not zero.
+  add(out, "max_pool2d_k5s1p2", "max_pool2d",
+      {{"kernel", {5, 5}}, {"stride", {1, 1}}, {"padding", {2, 2}}, {"dilation", {1, 1}}, {"ceil_mode", false}},
+      {with_layout(in("x", {2, 3, 6, 5}), "channels_last")}, maxp);
   add(out, "avg_pool2d_k3s2p1", "avg_pool2d",
       {{"kernel", {3, 3}}, {"stride", {2, 2}}, {"padding", {1, 1}}, {"ceil_mode", false}, {"count_include_pad", true}},
       {in("x", {2, 2, 5, 5})}, avgp);

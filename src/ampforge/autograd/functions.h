@@ -47,6 +47,7 @@ Tensor gelu(const Tensor& x, GeluApprox approximate = GeluApprox::None);
 Tensor silu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+Tensor atan(const Tensor& x);  // float only (integers are converted to F32), as torch.atan
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // Comparisons return Bool tensors (no gradient).

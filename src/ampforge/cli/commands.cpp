@@ -14,6 +14,8 @@ CommandList register_commands(CLI::App& app) {
   list.push_back(add_bench_command(app));
   list.push_back(add_export_command(app));
   list.push_back(add_predict_command(app));
+  list.push_back(add_data_command(app));
+  list.push_back(add_detect_command(app));
   return list;
 }
 

@@ -27,5 +27,7 @@ Command add_models_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_predict_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
+Command add_detect_command(CLI::App& app);
 
 }  // namespace ampforge::cli

@@ -208,6 +208,12 @@ int run_fit(const FitArgs& a) {
     for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
     AF_THROW(InvalidArgument, "--model: unknown model '{}': available models are {}", a.model, known);
   }
+  // The probe runs the model's task on a synthetic batch (train/workload.h); tasks without one are refused.
+  {
+    const std::string& task = models::model_registry().at(a.model).task;
+    AF_CHECK(train::has_workload(task), "--model {}: memory fit has no synthetic {} batch to probe it with", a.model,
+             task);
+  }
   AF_CHECK(a.steps >= 1 && a.steps <= 10, "--steps must be in [1, 10], got {}", a.steps);
   AF_CHECK(a.max_batch >= 1 && a.max_batch <= (int64_t{1} << 40), "--max-batch must be in [1, 2^40], got {}",
            a.max_batch);

@@ -28,7 +28,11 @@ Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Train a model (default: the small CNN on Fashion-MNIST, 5 epochs)");
   sub->add_option("--model", c.model, "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ...")
       ->capture_default_str();
-  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | image-folder | synthetic")
+  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | image-folder | synthetic | detection")
+      ->capture_default_str();
+  sub->add_option("--data", c.detection_data,
+                  "--dataset detection: a YOLO-format DATA.yaml, or fashion-mnist-detection (composed from "
+                  "Fashion-MNIST into --data-dir, default ./fashion-mnist-detection, on first use)")
       ->capture_default_str();
   sub->add_option("--data-dir", c.data_dir,
                   "IDX files (default: /usr/share/datasets/<dataset>), or for image-folder a directory with train/ "

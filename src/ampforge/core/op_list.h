@@ -37,6 +37,7 @@
   X(silu, None, true)                                  \
   X(sigmoid, None, true)                               \
   X(tanh, None, true)                                  \
+  X(atan, None, true)                                  \
   X(add_scalar, None, true)                            \
   X(mul_scalar, None, true)                            \
   X(pow_scalar, F32, true)                             \

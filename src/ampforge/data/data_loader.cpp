@@ -35,6 +35,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   AF_CHECK(opt_.prefetch >= 1, "DataLoader: prefetch must be >= 1");
   Normalize(opt_.mean, opt_.std).check_channels(ds_->example_shape().empty() ? 1 : ds_->example_shape()[0], "DataLoader");
   AF_CHECK(opt_.crop_padding >= 0, "DataLoader: crop padding must be >= 0");
+  AF_CHECK(ds_->max_targets() == 0 || (opt_.crop_padding == 0 && !opt_.hflip),
+           "DataLoader: detection data ({}) augments itself (its boxes must follow); turn off the loader's crop and flip",
+           ds_->name());
   if (opt_.format == MemoryFormat::ChannelsLast)
     AF_CHECK(ds_->example_shape().size() == 3, "DataLoader: channels-last needs (C, H, W) examples");
   AF_CHECK(opt_.device.is_cpu() || opt_.device.is_cuda(), "DataLoader: cannot deliver batches to {}",
@@ -49,7 +52,9 @@ DataLoader::~DataLoader() { stop_workers(); }
 
 Batch DataLoader::deliver(Batch b) {
   if (b.upload != 0) {
-    uploader_->ready({b.x, b.y}, b.upload);
+    std::vector<Tensor> dev{b.x, b.y};
+    if (b.targets.defined()) dev.push_back(b.targets);
+    uploader_->ready(dev, b.upload);
     b.upload = 0;
   }
   return b;
@@ -156,6 +161,10 @@ Batch DataLoader::build(int64_t b) const {
   Tensor y = Tensor::empty({bs}, DType::I64);
   float* xp = x.data<float>();
   int64_t* yp = y.data<int64_t>();
+  const int64_t max_t = ds_->max_targets();  // detection data: (B, T, 5) rows, zero padded
+  Tensor targets = max_t > 0 ? Tensor::empty({bs, max_t, 5}, DType::F32) : Tensor();
+  float* tp = max_t > 0 ? targets.data<float>() : nullptr;
+  if (tp) std::fill(tp, tp + bs * max_t * 5, 0.0f);
   const bool cl = opt_.format == MemoryFormat::ChannelsLast && C > 1;
   // Per channel: (x - mean) * (1 / std), the arithmetic of Normalize (transforms.h).
   std::vector<float> mean(static_cast<size_t>(C), 0.0f), inv_std(static_cast<size_t>(C), 1.0f);
@@ -176,8 +185,10 @@ Batch DataLoader::build(int64_t b) const {
   for (int64_t k = 0; k < bs; ++k) {
     const int64_t idx = order_[begin + k];
     float* dst = xp + k * per;
-    ds_->get(idx, in_place ? dst : raw.data(), ExampleContext{example_key_in(ex_key, idx), epoch_, idx});
+    const ExampleContext ctx{example_key_in(ex_key, idx), epoch_, idx};
+    ds_->get(idx, in_place ? dst : raw.data(), ctx);
     yp[k] = ds_->label(idx);
+    if (tp) ds_->targets(idx, ctx, tp + k * max_t * 5);
     const float* src = in_place ? dst : raw.data();
     if (augment) {
       auto w = philox4x32(aug_key, static_cast<uint64_t>(idx));
@@ -205,12 +216,18 @@ Batch DataLoader::build(int64_t b) const {
       }
     }
   }
+  Batch out;
+  out.index = b;
   if (uploader_) {
-    uint64_t ticket = 0;
-    std::vector<Tensor> dev = uploader_->upload({x, y}, &ticket);
-    return Batch{dev[0], dev[1], b, ticket};
+    std::vector<Tensor> host{x, y};
+    if (targets.defined()) host.push_back(targets);
+    std::vector<Tensor> dev = uploader_->upload(host, &out.upload);
+    out.x = dev[0], out.y = dev[1];
+    if (targets.defined()) out.targets = dev[2];
+    return out;
   }
-  return Batch{x, y, b};
+  out.x = x, out.y = y, out.targets = targets;
+  return out;
 }
 
 }  // namespace ampforge::data

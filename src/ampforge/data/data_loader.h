@@ -35,6 +35,7 @@ namespace ampforge::data {
 struct Batch {
   Tensor x;  // (B, C, H, W) F32, normalised
   Tensor y;  // (B) I64 labels
+  Tensor targets;  // detection data only (Dataset::max_targets() > 0): (B, T, 5) F32 rows (class, cx, cy, w, h)
   int64_t index = 0;  // batch number within the epoch
   uint64_t upload = 0;  // device batches: the pending upload's ticket until next() hands the batch out
 };

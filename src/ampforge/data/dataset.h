@@ -44,6 +44,14 @@ class Dataset {
   virtual std::string name() const = 0;
   // Per-channel normalisation constants commonly used for this data.
   virtual Normalization normalization() const { return {}; }
+  // Detection data (data/yolo_dataset.h): the most objects one example has; 0 for every other dataset. When
+  // positive, the DataLoader fills Batch::targets (B, max_targets, 5) from targets().
+  virtual int64_t max_targets() const { return 0; }
+  // Example i's objects as rows (class, cx, cy, w, h), the box normalised to the example as get(i, dst, ctx)
+  // writes it (same ctx, same augmentation); writes max_targets() rows of 5 floats, unused rows all zero.
+  virtual void targets(int64_t i, const ExampleContext& ctx, float* rows) const {
+    (void)i, (void)ctx, (void)rows;
+  }
 };
 
 // Fashion-MNIST or MNIST from a directory holding the four IDX files (optionally .gz):

@@ -4,6 +4,7 @@
 
 #include "ampforge/models/registry.h"
 #include "ampforge/models/resnet.h"
+#include "ampforge/models/yolo.h"
 #include "ampforge/nn/layers.h"
 
 namespace ampforge::models {

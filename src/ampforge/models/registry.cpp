@@ -2,6 +2,7 @@
 #include "ampforge/models/registry.h"
 
 #include "ampforge/models/models.h"
+#include "ampforge/models/yolo.h"
 #include "ampforge/nn/init.h"
 
 namespace ampforge::models {
@@ -64,6 +65,20 @@ std::shared_ptr<ResNet> r50(ResNetOptions o) { return resnet50(o); }
 std::shared_ptr<ResNet> r101(ResNetOptions o) { return resnet101(o); }
 std::shared_ptr<ResNet> r152(ResNetOptions o) { return resnet152(o); }
 
+// Ultralytics' COCO configuration: 3x640x640 inputs, 80 classes.
+ModelOptions coco() {
+  ModelOptions o;
+  o.in_channels = 3;
+  o.num_classes = 80;
+  o.image_size = 640;
+  return o;
+}
+
+template <char Scale>
+nn::ModulePtr build_yolov8(const ModelOptions& m) {
+  return yolov8(Scale, m.num_classes, m.in_channels);
+}
+
 }  // namespace
 
 void register_builtin_models(ModelRegistry& r) {
@@ -91,6 +106,17 @@ void register_builtin_models(ModelRegistry& r) {
          in1k, build_resnet<wide_resnet50_2>, {}});
   r.add({"wide_resnet101_2", "classification", "Wide ResNet-101-2 (torchvision): ResNet-101 with 2x wide 3x3 convs",
          in1k, build_resnet<wide_resnet101_2>, {}});
+  const ModelOptions det = coco();
+  r.add({"yolov8n", "detection", "YOLOv8n (Ultralytics): depth 0.33, width 0.25, v8 Detect head (legacy class branch)",
+         det, build_yolov8<'n'>, {}});
+  r.add({"yolov8s", "detection", "YOLOv8s (Ultralytics): depth 0.33, width 0.50, v8 Detect head (legacy class branch)",
+         det, build_yolov8<'s'>, {}});
+  r.add({"yolov8m", "detection", "YOLOv8m (Ultralytics): depth 0.67, width 0.75, max 768 channels", det,
+         build_yolov8<'m'>, {}});
+  r.add({"yolov8l", "detection", "YOLOv8l (Ultralytics): depth 1.00, width 1.00, max 512 channels", det,
+         build_yolov8<'l'>, {}});
+  r.add({"yolov8x", "detection", "YOLOv8x (Ultralytics): depth 1.00, width 1.25, max 512 channels", det,
+         build_yolov8<'x'>, {}});
 }
 
 const ModelRegistry& model_registry() {

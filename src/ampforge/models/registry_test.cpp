@@ -12,10 +12,11 @@ using namespace ampforge::models;
 TEST(ModelRegistry, BuiltinsInOrderWithTasksAndDefaults) {
   const std::vector<std::string> want = {"cnn", "resnet-small", "resnet18", "resnet34", "resnet50", "resnet101",
                                          "resnet152", "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
-                                         "wide_resnet50_2", "wide_resnet101_2"};
+                                         "wide_resnet50_2", "wide_resnet101_2", "yolov8n", "yolov8s", "yolov8m",
+                                         "yolov8l", "yolov8x"};
   EXPECT_EQ(names(), want);
   for (const auto& e : model_registry().entries()) {
-    EXPECT_EQ(e.task, "classification") << e.name;
+    EXPECT_EQ(e.task, e.name.rfind("yolov8", 0) == 0 ? "detection" : "classification") << e.name;
     EXPECT_FALSE(e.description.empty()) << e.name;
     EXPECT_EQ(e.description.find('\n'), std::string::npos) << e.name;
   }

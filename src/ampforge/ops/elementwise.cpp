@@ -21,6 +21,7 @@ bool is_float_only(OpId op) {
     case OpId::silu:
     case OpId::sigmoid:
     case OpId::tanh:
+    case OpId::atan:
     case OpId::pow_scalar:
     case OpId::div:
     case OpId::pow:

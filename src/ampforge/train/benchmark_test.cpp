@@ -33,6 +33,35 @@ TEST(Workload, ClassificationBatchHasTheModelsInputShapeAndLabelsInRange) {
   EXPECT_EQ(make_workload("cnn", o).batch.x.shape(), (Shape{2, 1, 28, 28}));
 }
 
+TEST(Workload, DetectionBatchHasBoxesAndItsStepTrains) {
+  memory::install_host_caching_allocator();
+  WorkloadOptions o;
+  o.batch = 2;
+  o.image_size = 64;
+  Workload w = make_workload("yolov8n", o);
+  EXPECT_EQ(w.task_kind, "detection");
+  EXPECT_TRUE(has_workload("detection"));
+  EXPECT_FALSE(has_workload("no-such-task"));
+  EXPECT_EQ(w.batch.x.shape(), (Shape{2, 3, 64, 64}));
+  ASSERT_EQ(w.batch.targets.shape(), (Shape{2, 4, 5}));
+  const float* t = w.batch.targets.data<float>();
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_GE(t[5 * i], 0);
+    EXPECT_LT(t[5 * i], 80);
+    for (int k = 1; k < 5; ++k) {
+      EXPECT_GT(t[5 * i + k], 0);
+      EXPECT_LT(t[5 * i + k], 1);
+    }
+  }
+  BenchmarkOptions bo;
+  bo.warmup = 0;
+  bo.steps = 1;
+  const BenchmarkResult r = benchmark_training(w, bo);
+  EXPECT_TRUE(std::isfinite(r.last_loss));
+  EXPECT_GT(r.last_loss, 0);
+  EXPECT_EQ(r.parameters, 3157200);
+}
+
 TEST(Workload, BadOptionsAndUnknownModelsAreClearErrors) {
   WorkloadOptions o;
   EXPECT_THROW(make_workload("no-such-model", o), Error);

@@ -10,7 +10,7 @@ namespace ampforge::train {
 namespace {
 // Every tensor of a batch that the step reads. Batch fields added later (token masks, box targets) join
 // here, and only here.
-std::vector<Tensor> batch_tensors(const data::Batch& b) { return {b.x, b.y}; }
+std::vector<Tensor> batch_tensors(const data::Batch& b) { return {b.x, b.y, b.targets}; }
 
 bool same_layout(const Tensor& a, const Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || (a.shape() == b.shape() && a.dtype() == b.dtype()));
@@ -42,6 +42,7 @@ Tensor StepGraph::run(nn::Module& model, tasks::Task& task, optim::Optimizer& op
       data::Batch s;
       s.x = Tensor::empty(b.x.shape(), b.x.dtype(), dev, b.x.suggest_memory_format());
       if (b.y.defined()) s.y = Tensor::empty(b.y.shape(), b.y.dtype(), dev, b.y.suggest_memory_format());
+      if (b.targets.defined()) s.targets = Tensor::empty(b.targets.shape(), b.targets.dtype(), dev);
       inputs_.push_back(std::move(s));
     }
   }

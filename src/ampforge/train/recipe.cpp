@@ -1,5 +1,6 @@
 #include "ampforge/train/recipe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "ampforge/data/dataset.h"
 #include "ampforge/data/image_folder.h"
 #include "ampforge/data/resized_dataset.h"
+#include "ampforge/data/yolo_dataset.h"
 #include "ampforge/models/registry.h"
 #include "ampforge/nn/state_dict.h"
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include "ampforge/optim/adamw.h"
 #include "ampforge/optim/param_groups.h"
 #include "ampforge/tasks/classification.h"
+#include "ampforge/tasks/detection.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/thread_pool.h"
 
@@ -30,8 +33,14 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
   AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
   AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic" ||
-               c.dataset == "image-folder",
-           "--dataset must be fashion-mnist, mnist, image-folder or synthetic, got '{}'", c.dataset);
+               c.dataset == "image-folder" || c.dataset == "detection",
+           "--dataset must be fashion-mnist, mnist, image-folder, synthetic or detection, got '{}'", c.dataset);
+  {
+    const models::ModelEntry* e = models::model_registry().find(c.model);
+    const bool det_model = e && e->task == "detection";
+    AF_CHECK(!e || det_model == (c.dataset == "detection"), "--model {} is a {} model; --dataset {} {}", c.model,
+             e ? e->task : "", c.dataset, det_model ? "must be detection" : "is for detection models (yolov8n, ...)");
+  }
   AF_CHECK(c.dataset != "image-folder" || !c.data_dir.empty(),
            "--dataset image-folder needs --data-dir DIR (with DIR/train and DIR/val, one sub-folder per class)");
   AF_CHECK(c.image_size == 0 || (c.image_size >= 8 && c.image_size <= 4096), "--image-size must be 0 (the data "
@@ -60,6 +69,7 @@ Device parse_device(const std::string& s) {
 nlohmann::json config_json(const TrainConfig& c) {
   const char* prec = c.precision == DType::F32 ? "fp32" : c.precision == DType::F16 ? "fp16" : "bf16";
   return {{"model", c.model},           {"dataset", c.dataset},       {"image_size", c.image_size},
+          {"detection_data", c.dataset == "detection" ? c.detection_data : ""},
           {"epochs", c.epochs},
           {"batch_size", c.batch_size}, {"accumulate", c.accumulate}, {"lr", effective_lr(c)},
           {"optimizer", c.optimizer},   {"weight_decay", c.weight_decay},
@@ -84,6 +94,28 @@ Datasets make_datasets(const TrainConfig& cfg, int64_t channels) {
     d.train = std::make_shared<data::SyntheticDataset>(cfg.synthetic_size, shape, cfg.synthetic_classes, cfg.seed + 1);
     d.test = std::make_shared<data::SyntheticDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1), shape,
                                                       cfg.synthetic_classes, cfg.seed + 2);
+  } else if (cfg.dataset == "detection") {
+    std::string data_file = cfg.detection_data;
+    if (data_file == "fashion-mnist-detection") {
+      const std::string dir = cfg.data_dir.empty() ? std::string("fashion-mnist-detection") : cfg.data_dir;
+      data_file = dir + "/data.yaml";
+      if (!fs::exists(data_file)) {
+        if (cfg.verbose) std::fprintf(stderr, "composing the Fashion-MNIST detection set into %s\n", dir.c_str());
+        data::ComposeDetectionOptions co;
+        co.seed = cfg.seed;
+        data::compose_fashion_mnist_detection(dir, co);
+      }
+    }
+    const data::DetectionDataSpec spec = data::read_detection_data_file(data_file);
+    data::DetectionDatasetOptions o;
+    o.image_size = cfg.image_size > 0 ? cfg.image_size : 320;
+    o.name = cfg.detection_data == "fashion-mnist-detection" ? cfg.detection_data : "detection";
+    o.augment = false;
+    auto test = std::make_shared<data::YoloDetectionDataset>(spec.val, spec.names, o);
+    o.augment = true;
+    d.train = std::make_shared<data::YoloDetectionDataset>(spec.train, spec.names, o);
+    d.test = test;
+    AF_CHECK(channels == 3, "--dataset detection gives RGB images; --model {} takes {} channel(s)", cfg.model, channels);
   } else if (cfg.dataset == "image-folder") {
     const int64_t s = cfg.image_size > 0 ? cfg.image_size : 224;
     const fs::path root(cfg.data_dir), train_dir = root / "train";
@@ -138,6 +170,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
     all.params = model.parameters();
     groups.push_back(std::move(all));
   }
+  // Frozen parameters (YOLOv8's DFL conv) are not the optimizer's: it steps every parameter it holds.
+  for (auto& g : groups)
+    g.params.erase(std::remove_if(g.params.begin(), g.params.end(), [](const Tensor& p) { return !p.requires_grad(); }),
+                   g.params.end());
+  groups.erase(std::remove_if(groups.begin(), groups.end(), [](const optim::ParamGroupSpec& g) { return g.params.empty(); }),
+               groups.end());
   if (adamw) {
     optim::AdamWOptions o;
     o.lr = lr;
@@ -185,6 +223,7 @@ TrainResult train(const TrainConfig& cfg) {
   mo.num_classes = ds.train->num_classes();
   mo.image_size = ds.train->example_shape()[1];
   nn::ModulePtr model = entry.build(mo);
+  int64_t to_eval_batch_cap = 0;
   if (!cfg.weights.empty()) {
     // Not strict: a classifier for another number of classes keeps its own head (reported), as in
     // fine-tuning; everything else must match by name and shape.
@@ -196,9 +235,16 @@ TrainResult train(const TrainConfig& cfg) {
     if (cfg.verbose) std::fprintf(stderr, "weights %s: %s\n", cfg.weights.c_str(), rep.str().c_str());
   }
 
-  tasks::ClassificationOptions co;
-  co.label_smoothing = cfg.label_smoothing;
-  auto task = std::make_shared<tasks::ClassificationTask>(co);
+  std::shared_ptr<tasks::Task> task;
+  if (entry.task == "detection") {
+    task = std::make_shared<tasks::DetectionTask>();
+    // Detection evaluation keeps every image's activations of a large batch: cap it.
+    to_eval_batch_cap = 32;
+  } else {
+    tasks::ClassificationOptions co;
+    co.label_smoothing = cfg.label_smoothing;
+    task = std::make_shared<tasks::ClassificationTask>(co);
+  }
 
   to.epochs = cfg.epochs;
   to.max_steps = cfg.max_steps;
@@ -210,6 +256,7 @@ TrainResult train(const TrainConfig& cfg) {
   to.schedule.kind = optim::schedule_from_string(cfg.schedule);
   to.schedule.warmup_steps = cfg.warmup_steps;
   to.loader = lo;
+  if (to_eval_batch_cap > 0) elo.batch_size = std::min(elo.batch_size, to_eval_batch_cap);
   to.eval_loader = elo;
   to.cuda_graphs = cfg.cuda_graphs;
   to.loss_read_interval = cfg.loss_read_interval;

@@ -23,6 +23,11 @@ struct TrainConfig {
   // the model's channels when the model takes 3 (the torchvision ResNets).
   std::string dataset = "fashion-mnist";
   std::string data_dir;                    // default: Debian's install dir for the dataset
+  // --dataset detection (YOLOv8 models): a YOLO-format data file (data/yolo_dataset.h), or
+  // "fashion-mnist-detection": the set composed from Fashion-MNIST (written once into data_dir, default
+  // ./fashion-mnist-detection, then read back by the same reader). Examples are letterboxed to image_size
+  // (default 320); training examples are flipped at random.
+  std::string detection_data = "fashion-mnist-detection";
   int64_t image_size = 0;                  // 0: the data set's own (28 for MNIST; 224 for image folders)
   std::string weights;                     // initialise the model from this safetensors file, by name
   int64_t epochs = 5;

@@ -6,6 +6,7 @@
 #include "ampforge/models/registry.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/classification.h"
+#include "ampforge/tasks/detection.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge::train {
@@ -27,7 +28,35 @@ void classification_batch(Workload& w, const models::ModelOptions& mo, const Wor
   w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
 }
 
+// Images uniform in [0, 1) (YOLO inputs are pixels / 255) and kTargets boxes per image (class, cx, cy, w, h,
+// normalised), spread over the canvas and the classes, so that the assigner finds foreground anchors.
+void detection_batch(Workload& w, const models::ModelOptions& mo, const WorkloadOptions& o) {
+  constexpr int64_t kTargets = 4;
+  Generator gen(o.seed + 1);
+  Tensor x = rand({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, kCPU, &gen);
+  if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  const Tensor u = rand({o.batch, kTargets, 4}, DType::F32, kCPU, &gen);
+  Tensor t = Tensor::empty({o.batch, kTargets, 5}, DType::F32);
+  const float* r = u.data<float>();
+  float* rows = t.data<float>();
+  for (int64_t i = 0; i < o.batch * kTargets; ++i) {
+    rows[5 * i + 0] = static_cast<float>((i * 7 + 3) % mo.num_classes);
+    rows[5 * i + 1] = 0.2f + 0.6f * r[4 * i + 0];   // centre in [0.2, 0.8)
+    rows[5 * i + 2] = 0.2f + 0.6f * r[4 * i + 1];
+    rows[5 * i + 3] = 0.05f + 0.3f * r[4 * i + 2];  // size in [0.05, 0.35)
+    rows[5 * i + 4] = 0.05f + 0.3f * r[4 * i + 3];
+  }
+  w.batch.x = o.device.is_cuda() ? x.to(o.device) : x;
+  w.batch.targets = o.device.is_cuda() ? t.to(o.device) : t;
+  w.task = std::make_shared<tasks::DetectionTask>();
+  w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
+}
+
 }  // namespace
+
+bool has_workload(const std::string& task_kind) {
+  return task_kind == "classification" || task_kind == "detection";
+}
 
 Workload make_workload(const std::string& model, const WorkloadOptions& o) {
   AF_CHECK(o.batch >= 1, "workload: batch must be >= 1, got {}", o.batch);
@@ -47,6 +76,8 @@ Workload make_workload(const std::string& model, const WorkloadOptions& o) {
   if (o.device.is_cuda()) w.module->to(o.device);
   if (entry.task == "classification") {
     classification_batch(w, mo, o);
+  } else if (entry.task == "detection") {
+    detection_batch(w, mo, o);
   } else {
     AF_THROW(NotImplemented, "workload: no synthetic batch for models of task '{}' (model {})", entry.task, model);
   }

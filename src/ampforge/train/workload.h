@@ -5,7 +5,8 @@
 //
 // A model's task comes from its registry entry (ModelEntry::task); each task kind has one synthetic batch
 // maker here (classification: N(0, 1) images in the model's input shape and labels spread over its
-// classes). A task kind without one is refused with NotImplemented naming it.
+// classes; detection: [0, 1) images and four boxes per image, Batch::targets). A task kind without one is
+// refused with NotImplemented naming it.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,9 @@ struct Workload {
   int64_t samples = 0;                // examples in `batch`
   std::string input;                  // the input's shape for people: "3x224x224"
 };
+
+// Whether make_workload has a synthetic batch for models of this task kind.
+bool has_workload(const std::string& task_kind);
 
 // Throws InvalidArgument for an unknown model or a bad size, NotImplemented for a task kind that has no
 // synthetic batch.

@@ -183,6 +183,17 @@ Tensor sqrt(const Tensor& x) {
   return out;
 }
 
+// d/dx atan(x) = 1 / (1 + x^2), written with ops so it runs on every backend.
+Tensor atan(const Tensor& x) {
+  Tensor out = ops::unary(OpId::atan, x);
+  if (needs_grad({&x}))
+    record("AtanBackward", {x}, {out}, [X = SavedTensor(x)](const Grads& g) -> Grads {
+      const Tensor xv = X.get();
+      return {ops::div(g[0], ops::add_scalar(ops::mul(xv, xv), 1.0))};
+    });
+  return out;
+}
+
 Tensor rsqrt(const Tensor& x_in) {
   Tensor x = x_in;
   autograd::autocast_inputs(OpId::rsqrt, {&x});

@@ -313,6 +313,8 @@ void register_elementwise_cpu() {
   reg(OpId::tanh, [](const KernelArgs& a) {
     unary_vec(a, "tanh", [](auto* o, const auto* x, auto*, int64_t n) { vmath::tanh(x, o, n); });
   });
+  // atan: std::atan per element (CIoU's aspect-ratio term; not hot enough for a vector path).
+  reg(OpId::atan, [](const KernelArgs& a) { unary_float(a, "atan", [](auto x) { return std::atan(x); }); });
   reg(OpId::add_scalar, [](const KernelArgs& a) {
     const double s = a.attr<ScalarAttrs>().scalar;
     unary_arith(a, "add", [s](auto x) { return static_cast<decltype(x)>(x + static_cast<decltype(x)>(s)); });

@@ -122,7 +122,7 @@ TEST(CudaElementwise, UnaryOps) {
       {OpId::exp, nullptr, false},      {OpId::log, nullptr, true},        {OpId::sqrt, nullptr, true},
       {OpId::rsqrt, nullptr, true},     {OpId::relu, nullptr, false},      {OpId::gelu, &gelu_erf, false},
       {OpId::gelu, &gelu_tanh, false},  {OpId::silu, nullptr, false},      {OpId::sigmoid, nullptr, false},
-      {OpId::tanh, nullptr, false},     {OpId::add_scalar, &add_s, false}, {OpId::mul_scalar, &mul_s, false},
+      {OpId::tanh, nullptr, false},     {OpId::atan, nullptr, false},      {OpId::add_scalar, &add_s, false}, {OpId::mul_scalar, &mul_s, false},
       {OpId::pow_scalar, &pow_s, false}, {OpId::pow_scalar, &sq, false},    {OpId::pow_scalar, &pow_frac, true},
       {OpId::clamp, &clamp_both, false}, {OpId::clamp, &clamp_min, false},
   };

@@ -93,6 +93,9 @@ struct LogOp {
 struct SqrtOp {
   AF_DEV float operator()(float x) const { return sqrtf(x); }
 };
+struct AtanOp {
+  AF_DEV float operator()(float x) const { return atanf(x); }
+};
 struct RsqrtOp {  // 1 / sqrt(x), correctly rounded steps as on the CPU (not the approximate rsqrtf)
   AF_DEV float operator()(float x) const { return 1.0f / sqrtf(x); }
 };
@@ -172,6 +175,7 @@ void register_unary_cuda() {
   reg(OpId::exp, [](const KernelArgs& a) { unary_float(a, "exp", ExpOp{}); });
   reg(OpId::log, [](const KernelArgs& a) { unary_float(a, "log", LogOp{}); });
   reg(OpId::sqrt, [](const KernelArgs& a) { unary_float(a, "sqrt", SqrtOp{}); });
+  reg(OpId::atan, [](const KernelArgs& a) { unary_float(a, "atan", AtanOp{}); });
   reg(OpId::rsqrt, [](const KernelArgs& a) { unary_float(a, "rsqrt", RsqrtOp{}); });
   reg(OpId::relu, [](const KernelArgs& a) { unary_float(a, "relu", ReluOp{}); });
   reg(OpId::gelu, [](const KernelArgs& a) {

@@ -1,0 +1,83 @@
+// Object detection with YOLOv8 (models/yolo.h): the v8 loss for training (tasks/detection_loss.h) and an
+// evaluator with Ultralytics' validation semantics (DetectionValidator, ops.non_max_suppression, metrics.py):
+//   decode -> candidates (box, class) with score > conf (multi-label) -> at most 30000 by score -> class-aware
+//   greedy NMS at IoU 0.7 -> at most 300 detections per image; matching per IoU threshold 0.50:0.05:0.95 greedily
+//   by IoU (a prediction and a box matched once, same class); per class AP = area under the precision envelope
+//   sampled at 101 recall points (trapezoid, Ultralytics' compute_ap "interp"); mAP over the classes that have
+//   boxes. Reported: map50, map50_95 (fractions), loss and its parts (box_loss, cls_loss, dfl_loss: mean per
+//   batch, gains applied, not multiplied by the batch size — Ultralytics' loss items).
+// Batches carry targets (B, T, 5) rows (class, cx, cy, w, h) normalised to the example (data::Batch::targets).
+// The model must be a models::DetectionModel.
+//
+// The loss reads back to the host (the assigner, see detection_loss.h), so a CUDA step with it is not graph-capturable.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ampforge/tasks/detection_loss.h"
+#include "ampforge/tasks/task.h"
+
+namespace ampforge::tasks {
+
+struct DetectionTaskOptions {
+  DetectionLossOptions loss;
+  double conf = 0.001;       // Ultralytics' validation confidence threshold
+  double nms_iou = 0.7;
+  int64_t max_det = 300;
+  int64_t max_nms = 30000;   // candidates kept (by score) before NMS
+};
+
+// One detection: xyxy pixels of the model's input, class, score.
+struct Detection {
+  float x1 = 0, y1 = 0, x2 = 0, y2 = 0, score = 0;
+  int64_t cls = 0;
+};
+
+// decoded (4 + nc, A) of one image (a CPU F32 contiguous view: cx, cy, w, h pixels, then class probabilities)
+// -> detections sorted by score (descending), after the threshold, multi-label candidates and class-aware NMS.
+std::vector<Detection> non_max_suppression(const float* decoded, int64_t num_classes, int64_t anchors,
+                                           const DetectionTaskOptions& opt);
+
+// The accumulator behind the evaluator, usable on its own: add images' detections and ground truth, then ask
+// for AP. Boxes in the same pixel coordinates on both sides.
+class DetectionMetrics {
+ public:
+  static constexpr int kThresholds = 10;  // IoU 0.50, 0.55, ..., 0.95
+  explicit DetectionMetrics(int64_t num_classes) : nc_(num_classes), gt_count_(static_cast<size_t>(num_classes), 0) {}
+  void add_image(const std::vector<Detection>& dets, const std::vector<Detection>& truth);  // truth: score unused
+  // (classes with at least one box) x kThresholds AP; map50() and map50_95() average it.
+  std::vector<std::vector<double>> ap_per_class() const;
+  double map50() const;
+  double map50_95() const;
+  int64_t images() const { return images_; }
+
+ private:
+  struct Pred {
+    float score;
+    int64_t cls;
+    bool tp[kThresholds];
+  };
+  int64_t nc_, images_ = 0;
+  std::vector<int64_t> gt_count_;
+  std::vector<Pred> preds_;
+};
+
+// Ultralytics' compute_ap: recall and precision in score order -> the area under the monotone precision envelope,
+// sampled at 101 recall points, by the trapezoid rule.
+double average_precision(const std::vector<double>& recall, const std::vector<double>& precision);
+
+class DetectionTask final : public Task {
+ public:
+  explicit DetectionTask(DetectionTaskOptions opt = {});
+  std::string name() const override { return "detection"; }
+  Tensor loss(nn::Module& model, const data::Batch& batch) override;
+  std::unique_ptr<Evaluator> evaluator() const override;
+  std::string primary_metric() const override { return "map50"; }
+  const DetectionTaskOptions& options() const { return opt_; }
+
+ private:
+  DetectionTaskOptions opt_;
+};
+
+}  // namespace ampforge::tasks
