@@ -1,6 +1,7 @@
 // The built-in model entries and the registry's lookups (see registry.h).
 #include "ampforge/models/registry.h"
 
+#include "ampforge/models/bert.h"
 #include "ampforge/models/models.h"
 #include "ampforge/nn/init.h"
 
@@ -64,6 +65,33 @@ std::shared_ptr<ResNet> r50(ResNetOptions o) { return resnet50(o); }
 std::shared_ptr<ResNet> r101(ResNetOptions o) { return resnet101(o); }
 std::shared_ptr<ResNet> r152(ResNetOptions o) { return resnet152(o); }
 
+// BERT by preset: ModelOptions::num_classes is the vocabulary (the text data set's, e.g. a learned WordPiece
+// vocabulary), image_size the sequence length (the position table stays 512).
+ModelOptions bert_defaults() {
+  ModelOptions o;
+  o.in_channels = 1;
+  o.num_classes = 30522;
+  o.image_size = 128;
+  return o;
+}
+
+ModelEntry bert_entry(const std::string& preset, const std::string& description) {
+  auto config = [preset](const ModelOptions& o) {
+    BertConfig c = bert_config(preset);
+    c.vocab_size = o.num_classes;
+    return c;
+  };
+  ModelEntry e{preset, "masked_lm", description, bert_defaults(),
+               [config](const ModelOptions& o) -> nn::ModulePtr { return std::make_shared<BertForMaskedLM>(config(o)); },
+               {}};
+  e.counts = [config] {
+    const BertConfig c = config(bert_defaults());
+    return std::vector<ParameterCount>{{"BertModel with pooler", BertModel(c, true).num_parameters()},
+                                       {"BertForMaskedLM", BertForMaskedLM(c).num_parameters()}};
+  };
+  return e;
+}
+
 }  // namespace
 
 void register_builtin_models(ModelRegistry& r) {
@@ -91,6 +119,9 @@ void register_builtin_models(ModelRegistry& r) {
          in1k, build_resnet<wide_resnet50_2>, {}});
   r.add({"wide_resnet101_2", "classification", "Wide ResNet-101-2 (torchvision): ResNet-101 with 2x wide 3x3 convs",
          in1k, build_resnet<wide_resnet101_2>, {}});
+  r.add(bert_entry("bert-base", "BERT-base masked LM (Hugging Face bert-base-uncased): 12 x 768, 12 heads, tied decoder"));
+  r.add(bert_entry("bert-mini", "BERT-Mini masked LM: 4 x 256, 4 heads, intermediate 1024 (HF structure)"));
+  r.add(bert_entry("bert-tiny", "BERT-Tiny masked LM: 2 x 128, 2 heads, intermediate 512 (HF structure)"));
 }
 
 const ModelRegistry& model_registry() {
