@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <queue>
 #include <set>
 #include <unordered_set>
 
@@ -335,46 +336,69 @@ Vocab learn_wordpiece_vocab(const std::vector<std::string>& texts, const VocabLe
   std::vector<std::string> vocab = specials;
   for (const auto& [s, n] : alphabet) vocab.push_back(s);
 
-  // Pair counts, kept up to date as merges rewrite words; `where` lists the words a pair occurs in.
+  // Pair counts, kept up to date as merges rewrite words; `where` lists the words a pair occurs in. The best
+  // pair comes from a max-heap of (count, pair) with lazy invalidation: an entry whose count no longer matches
+  // is stale and re-pushed with its current count, so each merge costs the words it touches, not all pairs.
   auto key = [](int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); };
   std::unordered_map<uint64_t, int64_t> pairs;
   std::unordered_map<uint64_t, std::unordered_set<int32_t>> where;
+  struct Entry {
+    int64_t count;
+    uint64_t pair;
+    bool operator<(const Entry& o) const { return count != o.count ? count < o.count : pair > o.pair; }
+  };
+  std::priority_queue<Entry> heap;
+  std::unordered_set<uint64_t> touched;
   auto count_word = [&](int32_t wi, int64_t sign) {
     const Word& w = words[static_cast<size_t>(wi)];
     for (size_t i = 0; i + 1 < w.sym.size(); ++i) {
       const uint64_t k = key(w.sym[i], w.sym[i + 1]);
       pairs[k] += sign * w.count;
-      if (sign > 0) where[k].insert(wi);
+      if (sign > 0) where[k].insert(wi), touched.insert(k);
     }
   };
   for (int32_t wi = 0; wi < static_cast<int32_t>(words.size()); ++wi) count_word(wi, +1);
+  auto push_touched = [&] {
+    for (uint64_t k : touched) {
+      const auto it = pairs.find(k);
+      if (it != pairs.end() && it->second > 0) heap.push({it->second, k});
+    }
+    touched.clear();
+  };
+  push_touched();
   std::unordered_set<std::string> in_vocab(vocab.begin(), vocab.end());
-  while (static_cast<int64_t>(vocab.size()) < opt.vocab_size) {
-    uint64_t best = 0;
-    int64_t best_n = 0;
-    for (const auto& [k, n] : pairs)
-      if (n > best_n || (n == best_n && n > 0 && k < best)) best = k, best_n = n;
-    if (best_n < std::max<int64_t>(opt.min_frequency, 1)) break;
+  const int64_t min_count = std::max<int64_t>(opt.min_frequency, 1);
+  while (static_cast<int64_t>(vocab.size()) < opt.vocab_size && !heap.empty()) {
+    const Entry top = heap.top();
+    heap.pop();
+    const auto it = pairs.find(top.pair);
+    const int64_t now = it == pairs.end() ? 0 : it->second;
+    if (now != top.count) {  // stale: counts changed since it was pushed
+      if (now > 0) heap.push({now, top.pair});
+      continue;
+    }
+    if (top.count < min_count) break;
+    const uint64_t best = top.pair;
     const auto a = static_cast<int32_t>(best >> 32), b = static_cast<int32_t>(best & 0xffffffffu);
     std::string merged = symbols[static_cast<size_t>(a)];
-    const std::string& rhs = symbols[static_cast<size_t>(b)];
-    merged += rhs.substr(2);  // b is always a continuation ("##...")
+    merged += symbols[static_cast<size_t>(b)].substr(2);  // b is always a continuation ("##...")
     const int32_t m = intern(merged);
     if (in_vocab.insert(merged).second) vocab.push_back(merged);
     const std::unordered_set<int32_t> affected = std::move(where[best]);
     where.erase(best);
     for (int32_t wi : affected) {
       count_word(wi, -1);
-      std::vector<int32_t>& s = words[static_cast<size_t>(wi)].sym;
+      std::vector<int32_t>& sym = words[static_cast<size_t>(wi)].sym;
       std::vector<int32_t> out;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) out.push_back(m), ++i;
-        else out.push_back(s[i]);
+      for (size_t i = 0; i < sym.size(); ++i) {
+        if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) out.push_back(m), ++i;
+        else out.push_back(sym[i]);
       }
-      s = std::move(out);
+      sym = std::move(out);
       count_word(wi, +1);
     }
-    for (auto it = pairs.begin(); it != pairs.end();) it = it->second <= 0 ? pairs.erase(it) : std::next(it);
+    pairs.erase(best);
+    push_touched();
   }
   return Vocab(std::move(vocab));
 }

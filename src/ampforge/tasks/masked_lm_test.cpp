@@ -49,11 +49,11 @@ TEST(MaskedLM, MaskingRatesAndInvariants) {
   const MaskedBatch mb = mask_tokens(x, o, &g);
   const auto in = ops::to_dtype(x, DType::I64).tolist<int64_t>();
   const auto ids = mb.input_ids.tolist<int64_t>(), labels = mb.labels.tolist<int64_t>();
-  const auto att = mb.attention_mask.tolist<bool>();
+  const auto att = ops::to_dtype(mb.attention_mask, DType::I64).tolist<int64_t>();
   int64_t regular = 0, selected = 0, masked = 0, kept = 0;
   for (size_t i = 0; i < in.size(); ++i) {
     const bool special = in[i] == 0 || in[i] == 2 || in[i] == 3;
-    EXPECT_EQ(att[i], in[i] != 0);
+    EXPECT_EQ(att[i], in[i] != 0 ? 1 : 0);
     if (special) {
       EXPECT_EQ(labels[i], -100) << "special tokens are never selected";
       EXPECT_EQ(ids[i], in[i]);
