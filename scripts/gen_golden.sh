@@ -5,7 +5,8 @@
 #   3. runs scripts/gen_golden.py with an interpreter that has torch + numpy ($PYTHON, default
 #      /usr/bin/python3: Debian's python3-torch 1.13) -> tests/parity/golden/,
 #   4. runs scripts/gen_resnet_golden.py (torchvision's ResNet-18/50, needs python3-torchvision)
-#      -> tests/data/models/.
+#      -> tests/data/models/,
+#   5. runs scripts/gen_bert_golden.py (bert-tiny and the WordPiece tokenizer) -> tests/data/models/.
 # Commit tests/parity/golden/golden.{safetensors,json} and tests/data/models/* afterwards.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,3 +23,4 @@ trap 'rm -rf "$dump"' EXIT
 "$build/tests/ampforge_parity_dump" "$dump"
 "$python" "$root/scripts/gen_golden.py" "$dump" "$root/tests/parity/golden"
 "$python" "$root/scripts/gen_resnet_golden.py" "$root/tests/data/models"
+"$python" "$root/scripts/gen_bert_golden.py" "$root/tests/data/models"

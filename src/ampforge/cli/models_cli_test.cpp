@@ -43,6 +43,11 @@ TEST(ModelsCli, JsonListsEveryModelWithTorchvisionsCounts) {
             nlohmann::json::parse(R"({"channels": 3, "height": 224, "width": 224})"));
   EXPECT_EQ(by_name.at("resnet50").at("num_classes"), 1000);
   EXPECT_EQ(by_name.at("cnn").at("default_input").at("channels"), 1);
+  // Acceptance of the BERT issue: both counts, labelled.
+  EXPECT_EQ(by_name.at("bert-base").at("task"), "masked_lm");
+  EXPECT_EQ(by_name.at("bert-base").at("parameter_counts"),
+            nlohmann::json::parse(R"([{"label": "BertModel with pooler", "count": 109482240},
+                                      {"label": "BertForMaskedLM", "count": 109514298}])"));
 }
 
 TEST(ModelsCli, TableAndSelectedNames) {

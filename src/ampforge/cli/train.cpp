@@ -28,12 +28,20 @@ Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Train a model (default: the small CNN on Fashion-MNIST, 5 epochs)");
   sub->add_option("--model", c.model, "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ...")
       ->capture_default_str();
-  sub->add_option("--dataset", c.dataset, "Data set: fashion-mnist | mnist | image-folder | synthetic | detection")
+  sub->add_option("--dataset", c.dataset,
+                  "Data set: fashion-mnist | mnist | image-folder | synthetic | text (masked-LM models) | detection")
       ->capture_default_str();
   sub->add_option("--data", c.detection_data,
                   "--dataset detection: a YOLO-format DATA.yaml, or fashion-mnist-detection (composed from "
                   "Fashion-MNIST into --data-dir, default ./fashion-mnist-detection, on first use)")
       ->capture_default_str();
+  sub->add_option("--corpus", c.corpus,
+                  "Masked-LM models with --dataset text: wordnet (Debian's wordnet-base glosses) or a text file, one "
+                  "document per line (tokenised once, cached)");
+  sub->add_option("--vocab", c.vocab, "A BERT vocab.txt (default: learn a WordPiece vocabulary from the corpus)");
+  sub->add_option("--vocab-size", c.vocab_size, "Size of the learned WordPiece vocabulary (without --vocab)")
+      ->capture_default_str();
+  sub->add_option("--seq-len", c.seq_len, "Masked-LM sequence length, [CLS] and [SEP] included")->capture_default_str();
   sub->add_option("--data-dir", c.data_dir,
                   "IDX files (default: /usr/share/datasets/<dataset>), or for image-folder a directory with train/ "
                   "and val/ holding one sub-folder of JPEG/PNG files per class");

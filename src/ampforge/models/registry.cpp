@@ -1,6 +1,7 @@
 // The built-in model entries and the registry's lookups (see registry.h).
 #include "ampforge/models/registry.h"
 
+#include "ampforge/models/bert.h"
 #include "ampforge/models/models.h"
 #include "ampforge/models/yolo.h"
 #include "ampforge/nn/init.h"
@@ -79,6 +80,33 @@ nn::ModulePtr build_yolov8(const ModelOptions& m) {
   return yolov8(Scale, m.num_classes, m.in_channels);
 }
 
+// BERT by preset: ModelOptions::num_classes is the vocabulary (the text data set's, e.g. a learned WordPiece
+// vocabulary), image_size the sequence length (the position table stays 512).
+ModelOptions bert_defaults() {
+  ModelOptions o;
+  o.in_channels = 1;
+  o.num_classes = 30522;
+  o.image_size = 128;
+  return o;
+}
+
+ModelEntry bert_entry(const std::string& preset, const std::string& description) {
+  auto config = [preset](const ModelOptions& o) {
+    BertConfig c = bert_config(preset);
+    c.vocab_size = o.num_classes;
+    return c;
+  };
+  ModelEntry e{preset, "masked_lm", description, bert_defaults(),
+               [config](const ModelOptions& o) -> nn::ModulePtr { return std::make_shared<BertForMaskedLM>(config(o)); },
+               {}};
+  e.counts = [config] {
+    const BertConfig c = config(bert_defaults());
+    return std::vector<ParameterCount>{{"BertModel with pooler", BertModel(c, true).num_parameters()},
+                                       {"BertForMaskedLM", BertForMaskedLM(c).num_parameters()}};
+  };
+  return e;
+}
+
 }  // namespace
 
 void register_builtin_models(ModelRegistry& r) {
@@ -117,6 +145,9 @@ void register_builtin_models(ModelRegistry& r) {
          build_yolov8<'l'>, {}});
   r.add({"yolov8x", "detection", "YOLOv8x (Ultralytics): depth 1.00, width 1.25, max 512 channels", det,
          build_yolov8<'x'>, {}});
+  r.add(bert_entry("bert-base", "BERT-base masked LM (Hugging Face bert-base-uncased): 12 x 768, 12 heads, tied decoder"));
+  r.add(bert_entry("bert-mini", "BERT-Mini masked LM: 4 x 256, 4 heads, intermediate 1024 (HF structure)"));
+  r.add(bert_entry("bert-tiny", "BERT-Tiny masked LM: 2 x 128, 2 heads, intermediate 512 (HF structure)"));
 }
 
 const ModelRegistry& model_registry() {

@@ -59,7 +59,9 @@ class ModelRegistry {
 };
 
 // The built-in models: cnn, resnet-small, resnet18/34/50/101/152, resnext50_32x4d, resnext101_32x8d,
-// resnext101_64x4d, wide_resnet50_2, wide_resnet101_2, yolov8n/s/m/l/x (task "detection").
+// resnext101_64x4d, wide_resnet50_2, wide_resnet101_2 (task "classification"); yolov8n/s/m/l/x (task
+// "detection"); bert-base, bert-mini, bert-tiny (task "masked_lm": num_classes is the vocabulary, image_size the
+// sequence length).
 void register_builtin_models(ModelRegistry& registry);
 
 // The process-wide registry, holding the built-in models (built on first use, thread-safe).

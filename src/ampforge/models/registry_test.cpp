@@ -13,10 +13,13 @@ TEST(ModelRegistry, BuiltinsInOrderWithTasksAndDefaults) {
   const std::vector<std::string> want = {"cnn", "resnet-small", "resnet18", "resnet34", "resnet50", "resnet101",
                                          "resnet152", "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
                                          "wide_resnet50_2", "wide_resnet101_2", "yolov8n", "yolov8s", "yolov8m",
-                                         "yolov8l", "yolov8x"};
+                                         "yolov8l", "yolov8x", "bert-base", "bert-mini", "bert-tiny"};
   EXPECT_EQ(names(), want);
   for (const auto& e : model_registry().entries()) {
-    EXPECT_EQ(e.task, e.name.rfind("yolov8", 0) == 0 ? "detection" : "classification") << e.name;
+    EXPECT_EQ(e.task, e.name.rfind("yolov8", 0) == 0  ? "detection"
+                      : e.name.rfind("bert-", 0) == 0 ? "masked_lm"
+                                                      : "classification")
+        << e.name;
     EXPECT_FALSE(e.description.empty()) << e.name;
     EXPECT_EQ(e.description.find('\n'), std::string::npos) << e.name;
   }
@@ -41,6 +44,16 @@ TEST(ModelRegistry, CountsAreTheBuiltModelsAndLeaveTheGeneratorAlone) {
   // The small models' counts are what their builders make for the default (1x28x28, 10 classes).
   EXPECT_EQ(parameter_counts(model_registry().at("cnn"))[0].count, small_cnn({})->num_parameters());
   EXPECT_EQ(parameter_counts(model_registry().at("resnet-small"))[0].count, small_resnet({})->num_parameters());
+}
+
+TEST(ModelRegistry, BertCountsBothVariantsLabelled) {
+  const std::vector<ParameterCount> c = parameter_counts(model_registry().at("bert-base"));
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].label, "BertModel with pooler");
+  EXPECT_EQ(c[0].count, 109482240);  // MODELS.md §B.4
+  EXPECT_EQ(c[1].label, "BertForMaskedLM");
+  EXPECT_EQ(c[1].count, 109514298);
+  EXPECT_EQ(model_registry().at("bert-base").defaults.num_classes, 30522);  // the vocabulary
 }
 
 TEST(ModelRegistry, CreatePassesTheDataShapeThrough) {

@@ -62,6 +62,32 @@ TEST(Workload, DetectionBatchHasBoxesAndItsStepTrains) {
   EXPECT_EQ(r.parameters, 3157200);
 }
 
+TEST(Workload, MaskedLMBatchIsFramedTokenIdsAndItsStepTrains) {
+  memory::install_host_caching_allocator();
+  WorkloadOptions o;
+  o.batch = 2;
+  o.seq_len = 16;
+  Workload w = make_workload("bert-tiny", o);
+  EXPECT_EQ(w.task_kind, "masked_lm");
+  EXPECT_EQ(w.input, "seq 16");
+  ASSERT_EQ(w.batch.x.shape(), (Shape{2, 16}));
+  const float* ids = w.batch.x.data<float>();
+  for (int64_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(ids[b * 16], 101) << "[CLS]";
+    EXPECT_EQ(ids[b * 16 + 15], 102) << "[SEP]";
+    for (int64_t t = 1; t < 15; ++t) {
+      EXPECT_GE(ids[b * 16 + t], 104);
+      EXPECT_LT(ids[b * 16 + t], 30522);
+    }
+  }
+  BenchmarkOptions bo;
+  bo.warmup = 0;
+  bo.steps = 1;
+  const BenchmarkResult r = benchmark_training(w, bo);
+  EXPECT_TRUE(std::isfinite(r.last_loss));
+  EXPECT_GT(r.last_loss, 0);
+}
+
 TEST(Workload, BadOptionsAndUnknownModelsAreClearErrors) {
   WorkloadOptions o;
   EXPECT_THROW(make_workload("no-such-model", o), Error);

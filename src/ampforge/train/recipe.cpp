@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "ampforge/core/generator.h"
+#include "ampforge/core/safetensors.h"
 #include <filesystem>
 
 #include "ampforge/data/dataset.h"
@@ -21,6 +23,12 @@
 #include "ampforge/optim/param_groups.h"
 #include "ampforge/tasks/classification.h"
 #include "ampforge/tasks/detection.h"
+#include "ampforge/tasks/masked_lm.h"
+#include "ampforge/data/text_corpus.h"
+#include "ampforge/data/wordpiece.h"
+#include "ampforge/models/bert.h"
+#include <cstdlib>
+#include <functional>
 #include "ampforge/util/error.h"
 #include "ampforge/util/thread_pool.h"
 
@@ -33,14 +41,17 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
   AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
   AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic" ||
-               c.dataset == "image-folder" || c.dataset == "detection",
-           "--dataset must be fashion-mnist, mnist, image-folder, synthetic or detection, got '{}'", c.dataset);
+               c.dataset == "image-folder" || c.dataset == "detection" || c.dataset == "text",
+           "--dataset must be fashion-mnist, mnist, image-folder, synthetic, text or detection, got '{}'", c.dataset);
   {
     const models::ModelEntry* e = models::model_registry().find(c.model);
     const bool det_model = e && e->task == "detection";
     AF_CHECK(!e || det_model == (c.dataset == "detection"), "--model {} is a {} model; --dataset {} {}", c.model,
              e ? e->task : "", c.dataset, det_model ? "must be detection" : "is for detection models (yolov8n, ...)");
   }
+  AF_CHECK(c.dataset != "text" || !c.corpus.empty(), "--dataset text needs --corpus wordnet|FILE");
+  AF_CHECK(c.seq_len >= 3, "--seq-len must hold [CLS], a token and [SEP] (>= 3), got {}", c.seq_len);
+  AF_CHECK(c.vocab_size >= 64, "--vocab-size must be >= 64, got {}", c.vocab_size);
   AF_CHECK(c.dataset != "image-folder" || !c.data_dir.empty(),
            "--dataset image-folder needs --data-dir DIR (with DIR/train and DIR/val, one sub-folder per class)");
   AF_CHECK(c.image_size == 0 || (c.image_size >= 8 && c.image_size <= 4096), "--image-size must be 0 (the data "
@@ -77,7 +88,8 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"warmup_steps", c.warmup_steps}, {"label_smoothing", c.label_smoothing}, {"seed", c.seed},
           {"precision", prec}, {"master_weights", c.master_weights},
           {"stochastic_rounding", c.stochastic_rounding},
-          {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs}};
+          {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs},
+          {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len}};
 }
 
 struct Datasets {
@@ -149,6 +161,92 @@ Datasets make_datasets(const TrainConfig& cfg, int64_t channels) {
   return d;
 }
 
+// ---- text data for masked-LM models ----------------------------------------------------------------------
+struct TextSetup {
+  Datasets data;
+  tasks::MaskedLMOptions task;
+};
+
+std::string text_cache_dir(const TrainConfig& cfg) {
+  if (!cfg.text_cache.empty()) return cfg.text_cache;
+  if (const char* d = std::getenv("AMPFORGE_CACHE_DIR"); d && *d) return std::string(d) + "/text";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/ampforge/text";
+  return (std::filesystem::temp_directory_path() / "ampforge-text").string();
+}
+
+// The corpus' documents, its vocabulary (given, or learned from the training split once and cached) and its
+// token file (cached by corpus, vocabulary and their sizes), then the two splits as fixed-length sequences.
+TextSetup make_text_setup(const TrainConfig& cfg, int64_t max_positions) {
+  namespace fs = std::filesystem;
+  AF_CHECK(cfg.seq_len <= max_positions, "--seq-len {} is longer than the model's position table ({} positions, "
+           "max_position_embeddings)", cfg.seq_len, max_positions);
+  TextSetup t;
+  data::TextSplitOptions so;
+  so.seq_len = cfg.seq_len;
+  if (cfg.dataset == "synthetic") {
+    const int64_t vocab = cfg.vocab.empty() ? 30522 : data::Vocab::load(cfg.vocab).size();
+    t.data.train = std::make_shared<data::SyntheticTokenDataset>(cfg.synthetic_size, cfg.seq_len, vocab, cfg.seed + 1);
+    t.data.test = std::make_shared<data::SyntheticTokenDataset>(std::max<int64_t>(cfg.synthetic_size / 4, 1),
+                                                               cfg.seq_len, vocab, cfg.seed + 2);
+    t.task.vocab_size = vocab;
+    t.task.pad_id = 0, t.task.cls_id = 2, t.task.sep_id = 3, t.task.mask_id = 4;  // SyntheticTokenDataset's ids
+    return t;
+  }
+  const bool wordnet = cfg.corpus == "wordnet";
+  const std::vector<std::string> docs =
+      wordnet ? data::read_wordnet_glosses() : data::read_text_lines(cfg.corpus);
+  const std::string corpus_id = wordnet ? std::string("wordnet") : fs::path(cfg.corpus).filename().string();
+  // A key for the cache: the corpus (name, size, document count), the vocabulary and the split rule.
+  uint64_t h = std::hash<std::string>{}(wordnet ? std::string(data::kDefaultWordNetDir) : fs::absolute(cfg.corpus).string());
+  h ^= docs.size() * 0x9E3779B97F4A7C15ull;
+  for (const auto& d : docs) h = h * 1099511628211ull ^ std::hash<std::string>{}(d);
+  const fs::path dir = fs::path(text_cache_dir(cfg)) / fmt::format("{}-{:016x}", corpus_id, h);
+  fs::create_directories(dir);
+  so.held_out_every = 20;
+  std::string vocab_path = cfg.vocab;
+  if (vocab_path.empty()) {
+    vocab_path = (dir / fmt::format("vocab-{}.txt", cfg.vocab_size)).string();
+    if (!fs::exists(vocab_path)) {
+      std::vector<std::string> train_docs;
+      for (size_t d = 0; d < docs.size(); ++d)
+        if (d % static_cast<size_t>(so.held_out_every) != 0) train_docs.push_back(docs[d]);
+      data::VocabLearnOptions vo;
+      vo.vocab_size = cfg.vocab_size;
+      const data::Vocab v = data::learn_wordpiece_vocab(train_docs, vo);
+      v.save(vocab_path + ".tmp");
+      fs::rename(vocab_path + ".tmp", vocab_path);
+      if (cfg.verbose)
+        std::fprintf(stderr, "vocab: learned %lld WordPiece tokens from the training split of %s -> %s\n",
+                     static_cast<long long>(v.size()), corpus_id.c_str(), vocab_path.c_str());
+    }
+  }
+  const data::WordPieceTokenizer tok = data::WordPieceTokenizer::from_file(vocab_path);
+  const std::string tok_path =
+      (dir / fmt::format("tokens-{:016x}.tok", std::hash<std::string>{}(fs::absolute(vocab_path).string()) ^
+                                                   static_cast<uint64_t>(tok.vocab().size()))).string();
+  if (!fs::exists(tok_path)) data::TokenFile::write(tok_path, docs, tok);
+  auto tf = std::make_shared<const data::TokenFile>(data::TokenFile::read(tok_path));
+  AF_CHECK(tf->vocab_size() == tok.vocab().size(), "token file {} was made with a vocabulary of {} tokens, --vocab has "
+           "{}; delete it to re-tokenise", tok_path, tf->vocab_size(), tok.vocab().size());
+  auto train = std::make_shared<data::TextSequenceDataset>(tf, true, so, tok.cls_id(), tok.sep_id(), tok.pad_id(),
+                                                           "text:" + corpus_id);
+  auto test = std::make_shared<data::TextSequenceDataset>(tf, false, so, tok.cls_id(), tok.sep_id(), tok.pad_id(),
+                                                          "text:" + corpus_id + ":held-out");
+  if (cfg.verbose)
+    std::fprintf(stderr, "text: %s, %lld documents, %lld tokens (vocabulary %lld); %lld training and %lld held-out "
+                 "sequences of %lld\n", corpus_id.c_str(), static_cast<long long>(tf->documents()),
+                 static_cast<long long>(tf->tokens()), static_cast<long long>(tok.vocab().size()),
+                 static_cast<long long>(train->size()), static_cast<long long>(test->size()),
+                 static_cast<long long>(cfg.seq_len));
+  t.task.vocab_size = tok.vocab().size();
+  t.task.pad_id = tok.pad_id(), t.task.cls_id = tok.cls_id(), t.task.sep_id = tok.sep_id();
+  t.task.mask_id = tok.mask_id();
+  t.task.unigram_log_probs = tasks::unigram_log_probs(train->stream(), tok.vocab().size());
+  t.data.train = train;
+  t.data.test = test;
+  return t;
+}
+
 }  // namespace
 
 double effective_lr(const TrainConfig& c) {
@@ -200,7 +298,13 @@ TrainResult train(const TrainConfig& cfg) {
   manual_seed(cfg.seed);
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
   const models::ModelEntry& entry = models::model_registry().at(cfg.model);
-  const Datasets ds = make_datasets(cfg, entry.defaults.in_channels);
+  const bool masked_lm = entry.task == "masked_lm";
+  AF_CHECK(!masked_lm || cfg.dataset == "text" || cfg.dataset == "synthetic", "--model {} is a masked language "
+           "model: use --dataset text --corpus wordnet|FILE (or --dataset synthetic)", cfg.model);
+  AF_CHECK(masked_lm || cfg.dataset != "text", "--dataset text needs a masked language model (--model bert-mini, ...)");
+  std::optional<TextSetup> text;
+  if (masked_lm) text = make_text_setup(cfg, models::bert_config(cfg.model).max_position_embeddings);
+  const Datasets ds = masked_lm ? text->data : make_datasets(cfg, entry.defaults.in_channels);
 
   const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;
@@ -211,17 +315,19 @@ TrainResult train(const TrainConfig& cfg) {
   lo.std = norm.std;
   lo.crop_padding = cfg.crop_padding;
   lo.hflip = cfg.hflip;
-  lo.format = cfg.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  lo.format = cfg.channels_last && !masked_lm ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  lo.normalize = !masked_lm;  // token ids stay ids
   data::LoaderOptions elo = lo;
   elo.shuffle = false;
-  elo.batch_size = cfg.eval_batch_size;
+  // Masked LM: evaluation batches as large as training ones (a BERT batch of 1000 sequences would hold GiBs).
+  elo.batch_size = masked_lm ? cfg.batch_size : cfg.eval_batch_size;
   elo.crop_padding = 0;
   elo.hflip = false;
 
   models::ModelOptions mo;
-  mo.in_channels = ds.train->example_shape()[0];
-  mo.num_classes = ds.train->num_classes();
-  mo.image_size = ds.train->example_shape()[1];
+  mo.in_channels = masked_lm ? 1 : ds.train->example_shape()[0];
+  mo.num_classes = ds.train->num_classes();  // masked LM: the vocabulary
+  mo.image_size = masked_lm ? cfg.seq_len : ds.train->example_shape()[1];
   nn::ModulePtr model = entry.build(mo);
   int64_t to_eval_batch_cap = 0;
   if (!cfg.weights.empty()) {
@@ -229,7 +335,11 @@ TrainResult train(const TrainConfig& cfg) {
     // fine-tuning; everything else must match by name and shape.
     nn::LoadOptions lopt;
     lopt.strict = false;
-    const nn::LoadReport rep = nn::load_safetensors(*model, cfg.weights, lopt);
+    // BERT: Hugging Face checkpoints' legacy names and tied duplicates are mapped first (models/bert.h).
+    const nn::LoadReport rep = masked_lm ? nn::load_state_dict(*model, models::bert_state_from_hf(
+                                                                           load_safetensors(cfg.weights).tensors),
+                                                               lopt)
+                                         : nn::load_safetensors(*model, cfg.weights, lopt);
     AF_CHECK(!rep.loaded_keys.empty(), "--weights {}: no tensor matches --model {} ({})", cfg.weights, cfg.model,
              rep.str());
     if (cfg.verbose) std::fprintf(stderr, "weights %s: %s\n", cfg.weights.c_str(), rep.str().c_str());
@@ -240,6 +350,8 @@ TrainResult train(const TrainConfig& cfg) {
     task = std::make_shared<tasks::DetectionTask>();
     // Detection evaluation keeps every image's activations of a large batch: cap it.
     to_eval_batch_cap = 32;
+  } else if (masked_lm) {
+    task = std::make_shared<tasks::MaskedLMTask>(text->task);
   } else {
     tasks::ClassificationOptions co;
     co.label_smoothing = cfg.label_smoothing;

@@ -21,6 +21,7 @@ struct TrainConfig {
   // fashion-mnist | mnist (IDX files) | image-folder (data_dir/train and data_dir/val or /test, one
   // sub-folder per class, as ImageNet) | synthetic. Gray data sets are resized to image_size and repeated to
   // the model's channels when the model takes 3 (the torchvision ResNets).
+  // Masked-LM models (bert-*): text (--corpus) | synthetic (random token sequences, for benchmarks).
   std::string dataset = "fashion-mnist";
   std::string data_dir;                    // default: Debian's install dir for the dataset
   // --dataset detection (YOLOv8 models): a YOLO-format data file (data/yolo_dataset.h), or
@@ -68,6 +69,13 @@ struct TrainConfig {
   bool profile = false;                    // collect a profile (TrainResult::profile)
   std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
   std::string trace;                       // write a Chrome trace here (implies profile)
+  // Text (masked-LM models, data/text_corpus.h): the corpus is tokenised once and cached.
+  std::string corpus;                      // "wordnet" (Debian's wordnet-base glosses) or a file, one document a line
+  std::string vocab;                       // a BERT vocab.txt; empty: learn a WordPiece vocabulary of vocab_size
+  int64_t vocab_size = 8192;               // the learned vocabulary's size (with no --vocab)
+  int64_t seq_len = 128;                   // tokens per sequence, [CLS] and [SEP] included (<= 512 positions)
+  std::string text_cache;                  // where learned vocabularies and token files go (default
+                                           // $AMPFORGE_CACHE_DIR, else $HOME/.cache/ampforge, + /text)
   std::string device = "cpu";              // cpu | cuda | cuda:N
   bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
   int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)

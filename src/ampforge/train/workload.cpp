@@ -1,5 +1,7 @@
 #include "ampforge/train/workload.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "ampforge/core/generator.h"
@@ -7,6 +9,7 @@
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/classification.h"
 #include "ampforge/tasks/detection.h"
+#include "ampforge/tasks/masked_lm.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge::train {
@@ -52,10 +55,37 @@ void detection_batch(Workload& w, const models::ModelOptions& mo, const Workload
   w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
 }
 
+// Token ids (as floats, as the text data sets deliver them): [CLS] ids... [SEP], ids spread over the
+// vocabulary above the special tokens; the task masks them dynamically, as in training.
+void masked_lm_batch(Workload& w, const models::ModelOptions& mo, const WorkloadOptions& o) {
+  tasks::MaskedLMOptions mlm;
+  mlm.vocab_size = mo.num_classes;
+  AF_CHECK(mlm.vocab_size > mlm.mask_id + 1, "workload: a vocabulary of {} ids has no room for BERT's special ids",
+           mlm.vocab_size);
+  AF_CHECK(o.seq_len >= 3, "workload: a masked-LM sequence needs [CLS], a token and [SEP] (>= 3), got {}", o.seq_len);
+  const int64_t first = mlm.mask_id + 1, span = mlm.vocab_size - first;
+  Generator gen(o.seed + 1);
+  const Tensor u = rand({o.batch, o.seq_len}, DType::F32, kCPU, &gen);
+  Tensor ids = Tensor::empty({o.batch, o.seq_len}, DType::F32);
+  const float* r = u.data<float>();
+  float* p = ids.data<float>();
+  for (int64_t b = 0; b < o.batch; ++b)
+    for (int64_t t = 0; t < o.seq_len; ++t) {
+      const int64_t i = b * o.seq_len + t;
+      const int64_t id = t == 0 ? mlm.cls_id
+                         : t == o.seq_len - 1 ? mlm.sep_id
+                                               : first + std::min<int64_t>(static_cast<int64_t>(r[i] * span), span - 1);
+      p[i] = static_cast<float>(id);
+    }
+  w.batch.x = o.device.is_cuda() ? ids.to(o.device) : ids;
+  w.task = std::make_shared<tasks::MaskedLMTask>(mlm);
+  w.input = fmt::format("seq {}", o.seq_len);
+}
+
 }  // namespace
 
 bool has_workload(const std::string& task_kind) {
-  return task_kind == "classification" || task_kind == "detection";
+  return task_kind == "classification" || task_kind == "detection" || task_kind == "masked_lm";
 }
 
 Workload make_workload(const std::string& model, const WorkloadOptions& o) {
@@ -69,7 +99,8 @@ Workload make_workload(const std::string& model, const WorkloadOptions& o) {
   w.task_kind = entry.task;
   w.samples = o.batch;
   models::ModelOptions mo = entry.defaults;
-  if (o.image_size > 0) mo.image_size = o.image_size;
+  if (entry.task == "masked_lm") mo.image_size = o.seq_len;  // sequence models: image_size is the length
+  else if (o.image_size > 0) mo.image_size = o.image_size;
   manual_seed(o.seed);
   w.module = entry.build(mo);
   w.module->train();
@@ -78,6 +109,8 @@ Workload make_workload(const std::string& model, const WorkloadOptions& o) {
     classification_batch(w, mo, o);
   } else if (entry.task == "detection") {
     detection_batch(w, mo, o);
+  } else if (entry.task == "masked_lm") {
+    masked_lm_batch(w, mo, o);
   } else {
     AF_THROW(NotImplemented, "workload: no synthetic batch for models of task '{}' (model {})", entry.task, model);
   }

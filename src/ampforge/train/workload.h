@@ -5,8 +5,8 @@
 //
 // A model's task comes from its registry entry (ModelEntry::task); each task kind has one synthetic batch
 // maker here (classification: N(0, 1) images in the model's input shape and labels spread over its
-// classes; detection: [0, 1) images and four boxes per image, Batch::targets). A task kind without one is
-// refused with NotImplemented naming it.
+// classes; detection: [0, 1) images and four boxes per image, Batch::targets; masked_lm: [CLS] ids [SEP]
+// token sequences as floats, masked by the task). A task kind without one is refused with NotImplemented.
 #pragma once
 
 #include <cstdint>

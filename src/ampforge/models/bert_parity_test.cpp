@@ -1,0 +1,272 @@
+// bert-tiny (BertForMaskedLM) against the PyTorch reference of scripts/gen_bert_golden.py (Hugging Face's
+// structure in torch.nn; goldens tests/data/models/bert_parity.*; no Python at test time).
+//
+// Both sides hash the same weights (hashed_weights_test_util.h, stream = state-dict index), read the same
+// token ids, padding mask and MLM labels (stored in the golden), run one train-mode forward (dropout 0) and
+// backward, and compare: the prediction scores at the masked positions (every 8th vocabulary column, plus each
+// row's logsumexp / max / sum over all 30522 columns), the loss, and every parameter's gradient (sum, sum of
+// |g|, L2 norm, max |g|, 32 values). In F32, and under amp::Autocast(BF16) against torch.autocast(bfloat16)
+// (with layer_norm in F32, ampforge's and PyTorch CUDA's policy). PyTorch 1.13's CPU autocast has no F16.
+//
+// Tolerances: core/tolerance.h's table (rtol = atol = 8 eps) times a factor derived from this problem's
+// measured sensitivity to rounding (the golden's rounding_vs_f64: PyTorch F32 and BF16 against F64, same
+// weights), doubled for two implementations erring in opposite directions, rounded up to a power of two:
+//   F32 forward: PyTorch F32 vs F64 3.0e-7 of max |logit| (2.5 eps) -> 5 eps <= 8 eps: factor 1.
+//   F32 gradients: 7.7e-7 of a tensor's max |g| (6.5 eps) -> 13 eps <= 16 eps: factor 2.
+//   BF16 forward: PyTorch BF16 vs F64 3.4e-3 of max |logit| (0.44 BF16 eps) -> factor 1 (8 BF16 eps).
+//   BF16 gradients: PyTorch BF16 vs F64 1.2e-2 of a tensor's max |g| (1.6 BF16 eps) -> factor 1; and ampforge's
+//   BF16 gradients' RMS error against the F32 answer stays within kBf16Accuracy of PyTorch's.
+// Measured (AMPFORGE_PARITY_VERBOSE=1): worst error / bound 0.47 in F32 (forward and gradients), 0.14 in BF16.
+// The two attention.self.key.bias gradients are exactly 0 in exact arithmetic (softmax ignores a per-row
+// constant); both sides return rounding noise, so they are checked against 0 relative to the key weight's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ampforge/amp/autocast.h"
+#include "ampforge/autograd/node.h"
+#include "ampforge/core/safetensors.h"
+#include "ampforge/core/tolerance.h"
+#include "ampforge/models/bert.h"
+#include "ampforge/models/hashed_weights_test_util.h"
+#include "ampforge/nn/init.h"
+#include "ampforge/ops/ops.h"
+
+using namespace ampforge;
+using namespace ampforge::models;
+using nlohmann::json;
+
+namespace {
+
+const std::string kDir = std::string(AMPFORGE_TEST_DATA_DIR) + "/models";
+constexpr const char* kRegenerate = "regenerate with /usr/bin/python3 scripts/gen_bert_golden.py tests/data/models";
+constexpr double kForwardFactorF32 = 1, kGradFactorF32 = 2, kForwardFactorBF16 = 1, kGradFactorBF16 = 1;
+constexpr int64_t kColStep = 8;
+// ampforge's BF16 gradients' RMS error against the F32 answer, relative to PyTorch's: measured 1.22 (0.0115 vs
+// 0.0094 of each tensor's max |g|; both round every BF16 op output, in different places). Bound 2.
+constexpr double kBf16Accuracy = 2;
+
+bool verbose() {
+  const char* v = std::getenv("AMPFORGE_PARITY_VERBOSE");
+  return v && *v && std::string(v) != "0";
+}
+
+struct Golden {
+  SafetensorsFile file;
+  json manifest;
+  std::string error;
+};
+
+const Golden& golden() {
+  static const Golden g = [] {
+    Golden g;
+    try {
+      g.file = load_safetensors(kDir + "/bert_parity.safetensors");
+      std::ifstream in(kDir + "/bert_parity.json");
+      g.manifest = json::parse(in);
+    } catch (const std::exception& e) {
+      g.error = fmt::format("cannot read the BERT goldens in {}: {} ({})", kDir, e.what(), kRegenerate);
+    }
+    return g;
+  }();
+  return g;
+}
+
+std::vector<double> f64(const Tensor& t) { return ops::to_dtype(t.detach(), DType::F64).tolist<double>(); }
+
+// |a - e| <= rtol * |e| + atol * scale, scale = max(1, max |e|) unless given; prints the worst ratio if verbose.
+void expect_close(const std::string& what, const std::vector<double>& a, const std::vector<double>& e, double rtol,
+                  double atol, double scale = -1) {
+  ASSERT_EQ(a.size(), e.size()) << what;
+  if (scale < 0) {
+    scale = 1;
+    for (double v : e) scale = std::max(scale, std::abs(v));
+  }
+  double worst = 0;
+  size_t at = 0;
+  int bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double bound = rtol * std::abs(e[i]) + atol * scale, err = std::abs(a[i] - e[i]);
+    const double r = bound > 0 ? err / bound : (err == 0 ? 0 : INFINITY);
+    if (r > worst) worst = r, at = i;
+    bad += r > 1;
+  }
+  if (verbose()) std::printf("  %-60s worst error/bound %.3f\n", what.c_str(), worst);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size() << " values outside rtol " << rtol << " atol "
+                    << atol << " (scale " << scale << "); worst at " << at << ": ampforge " << a[at] << ", PyTorch "
+                    << e[at];
+}
+
+double rms(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(s / static_cast<double>(a.size()));
+}
+
+BertConfig tiny_without_dropout() {
+  BertConfig c = bert_config("bert-tiny");
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+void check(bool bf16, bool masked_only) {
+  const Golden& g = golden();
+  ASSERT_TRUE(g.error.empty()) << g.error;
+  const SafetensorsFile& f = g.file;
+  const std::string key = std::string("bert_tiny.") + (bf16 ? "bf16." : "f32.");
+  BertConfig cfg = tiny_without_dropout();
+  cfg.mlm_masked_positions_only = masked_only;
+  BertForMaskedLM model(cfg);
+
+  std::vector<std::string> sd_names, param_names;
+  for (const auto& [n, t] : model.state_dict()) sd_names.push_back(n);
+  for (const auto& [n, t] : model.named_parameters()) param_names.push_back(n);
+  ASSERT_EQ(sd_names, g.manifest.at("state_dict").get<std::vector<std::string>>());
+  ASSERT_EQ(param_names, g.manifest.at("parameters").get<std::vector<std::string>>());
+
+  const std::vector<double> wsum = hashinit::set_hashed_weights(model), wsum_e = f64(f.at("bert_tiny.weight_sum"));
+  ASSERT_EQ(wsum.size(), wsum_e.size());
+  for (size_t i = 0; i < wsum.size(); ++i)
+    ASSERT_NEAR(wsum[i], wsum_e[i], 1e-9 * (1 + std::abs(wsum_e[i]))) << "hashed weights of " << sd_names[i];
+  const Tensor ids = f.at("bert_tiny.input_ids"), mask = f.at("bert_tiny.attention_mask");
+  const Tensor labels = f.at("bert_tiny.labels");
+  const int64_t V = cfg.vocab_size;
+
+  model.train();
+  Tensor loss, rows;
+  {
+    amp::Autocast ac(kCPU, DType::BF16, bf16);
+    const MaskedTargets m = masked_targets(labels);
+    rows = model.logits(ids, mask, m.positions);  // (M, V)
+    ASSERT_EQ(rows.shape(), (Shape{5, V}));
+    loss = model.mlm_loss(ids, mask, labels);
+  }
+  EXPECT_EQ(loss.dtype(), DType::F32);
+  const ToleranceEntry t = tolerance(bf16 ? DType::BF16 : DType::F32);
+  const double ff = bf16 ? kForwardFactorBF16 : kForwardFactorF32, gf = bf16 ? kGradFactorBF16 : kGradFactorF32;
+  const std::string tag = std::string(bf16 ? "bf16" : "f32") + (masked_only ? " masked-only" : " all-positions");
+
+  // Scores: every 8th column, and logsumexp / max / sum of each row over all columns.
+  const std::vector<double> r = f64(rows);
+  std::vector<double> sample, stats;
+  const int64_t M = rows.size(0);
+  for (int64_t i = 0; i < M; ++i) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, r[static_cast<size_t>(i * V + j)]);
+    double se = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      const double v = r[static_cast<size_t>(i * V + j)];
+      se += std::exp(v - mx), s += v;
+      if (j % kColStep == 0) sample.push_back(v);
+    }
+    stats.insert(stats.end(), {mx + std::log(se), mx, s});
+  }
+  expect_close(tag + " logits at masked positions", sample, f64(f.at(key + "logits_sample")), t.rtol * ff, t.atol * ff);
+  // Row sums add 30522 values of magnitude ~scale: their rounding is relative to the sum of |terms|.
+  std::vector<double> lse_max, lse_max_e, sums, sums_e;
+  const std::vector<double> se = f64(f.at(key + "logits_rows"));
+  double abs_terms = 0;
+  for (double v : r) abs_terms = std::max(abs_terms, std::abs(v));
+  for (int64_t i = 0; i < M; ++i) {
+    for (int k = 0; k < 2; ++k) lse_max.push_back(stats[i * 3 + k]), lse_max_e.push_back(se[i * 3 + k]);
+    sums.push_back(stats[i * 3 + 2]), sums_e.push_back(se[i * 3 + 2]);
+  }
+  expect_close(tag + " logsumexp and max of each row", lse_max, lse_max_e, t.rtol * ff, t.atol * ff);
+  expect_close(tag + " sum of each row", sums, sums_e, 0, t.atol * ff, abs_terms * static_cast<double>(V));
+  expect_close(tag + " loss", {loss.item()}, {f.at(key + "loss").item()}, t.rtol * ff, t.atol * ff);
+
+  loss.backward();
+  const nn::NamedTensors params = model.named_parameters();
+  const std::vector<int64_t> gidx = f.at(key + "grad_index").tolist<int64_t>();
+  const int64_t samples = f.at(key + "grad_index").size(1);
+  const std::vector<double> gsum = f64(f.at(key + "grad_sum")), gabs = f64(f.at(key + "grad_abs_sum")),
+                            gl2 = f64(f.at(key + "grad_l2")), gmax = f64(f.at(key + "grad_absmax")),
+                            gval = f64(f.at(key + "grad_sample"));
+  const std::vector<double> ref_val = f64(f.at("bert_tiny.f32.grad_sample")),
+                            ref_max = f64(f.at("bert_tiny.f32.grad_absmax"));
+  double se_ours = 0, se_torch = 0;
+  double key_weight_max = 0;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const std::string& name = params[p].first;
+    ASSERT_TRUE(params[p].second.grad().defined()) << name << " got no gradient";
+    const std::vector<double> gr = f64(params[p].second.grad());
+    double sum = 0, abs_sum = 0, sq = 0, mx = 0;
+    for (double v : gr) sum += v, abs_sum += std::abs(v), sq += v * v, mx = std::max(mx, std::abs(v));
+    if (name.find("attention.self.key.weight") != std::string::npos) key_weight_max = gmax[p];
+    if (name.find("attention.self.key.bias") != std::string::npos) {
+      // Exactly 0 in exact arithmetic: a sum over the B * T = 32 key rows that cancels, whose rounding is at
+      // most 32 terms x the table's bound x their size (~ the key weight's max |g|); a real gradient is O(that).
+      EXPECT_LE(mx, t.atol * gf * static_cast<double>(ids.numel()) * key_weight_max)
+          << tag << " " << name << " should be ~0, max |g| " << mx;
+      continue;
+    }
+    std::vector<double> a, e, ref;
+    for (int64_t k = 0; k < samples; ++k) {
+      const size_t at = p * static_cast<size_t>(samples) + static_cast<size_t>(k);
+      a.push_back(gr[static_cast<size_t>(gidx[at])] / gmax[p]);
+      e.push_back(gval[at] / gmax[p]);
+      ref.push_back(ref_val[at] / ref_max[p]);
+    }
+    expect_close(tag + " grad samples / max|g| " + name, a, e, t.rtol * gf, t.atol * gf);
+    expect_close(tag + " grad summaries " + name, {sum / gabs[p], abs_sum / gabs[p], std::sqrt(sq) / gl2[p], mx / gmax[p]},
+                 {gsum[p] / gabs[p], 1, 1, 1}, t.rtol * gf, t.atol * gf);
+    if (bf16) {
+      std::vector<double> ours_over_ref(a.size()), torch_over_ref(a.size());
+      for (size_t k = 0; k < a.size(); ++k)
+        ours_over_ref[k] = a[k] * gmax[p] / ref_max[p], torch_over_ref[k] = e[k] * gmax[p] / ref_max[p];
+      se_ours += std::pow(rms(ours_over_ref, ref), 2), se_torch += std::pow(rms(torch_over_ref, ref), 2);
+    }
+  }
+  if (bf16) {
+    if (verbose())
+      std::printf("  %s gradient RMS error vs the F32 answer: ampforge %.5f, PyTorch %.5f\n", tag.c_str(),
+                  std::sqrt(se_ours), std::sqrt(se_torch));
+    EXPECT_LE(std::sqrt(se_ours), kBf16Accuracy * std::sqrt(se_torch))
+        << "ampforge's BF16 gradients are much less accurate than PyTorch's";
+  }
+}
+
+}  // namespace
+
+TEST(BertParity, TinyF32MaskedPositionsOnly) { check(false, true); }
+TEST(BertParity, TinyF32AllPositions) { check(false, false); }
+TEST(BertParity, TinyBF16) { check(true, true); }
+
+// The reference's bert-base state dict (HF's save_pretrained set: tied decoder weight dropped) and its counts.
+TEST(BertParity, BertBaseKeysShapesAndCounts) {
+  const Golden& g = golden();
+  ASSERT_TRUE(g.error.empty()) << g.error;
+  nn::init::SkipInitGuard skip;
+  const BertConfig c = bert_config("bert-base");
+  for (const char* variant : {"BertModel", "BertForMaskedLM"}) {
+    nn::ModulePtr m = std::string(variant) == "BertModel" ? nn::ModulePtr(std::make_shared<BertModel>(c, true))
+                                                          : nn::ModulePtr(std::make_shared<BertForMaskedLM>(c));
+    const json& want = g.manifest.at("bert_base").at(variant);
+    const nn::NamedTensors sd = m->state_dict();
+    ASSERT_EQ(sd.size(), want.size()) << variant;
+    for (size_t i = 0; i < sd.size(); ++i) {
+      EXPECT_EQ(sd[i].first, want[i].at("key").get<std::string>()) << variant << " #" << i;
+      EXPECT_EQ(sd[i].second.shape().vec(), want[i].at("shape").get<std::vector<int64_t>>()) << sd[i].first;
+    }
+    EXPECT_EQ(m->num_parameters(), g.manifest.at("bert_base").at("counts").at(variant).get<int64_t>()) << variant;
+  }
+  EXPECT_EQ(BertModel(c, true).num_parameters(), 109482240);
+  EXPECT_EQ(BertForMaskedLM(c).num_parameters(), 109514298);
+}
+
+TEST(BertParity, GoldenIsSmall) {
+  size_t bytes = 0;
+  for (const char* file : {"bert_parity.safetensors", "bert_parity.json", "wordpiece_golden.json"}) {
+    std::ifstream in(kDir + "/" + file, std::ios::binary | std::ios::ate);
+    ASSERT_TRUE(in) << file << " (" << kRegenerate << ")";
+    bytes += static_cast<size_t>(in.tellg());
+  }
+  EXPECT_LT(bytes, size_t{1} << 20);
+  EXPECT_EQ(golden().manifest.at("torch").get<std::string>().substr(0, 4), "1.13");
+}
