@@ -15,10 +15,12 @@ events; "fp32" is true FP32 (TF32 off for cuBLAS and cuDNN), "tf32" turns both o
 (e.g. PyTorch 1.13's CPU autocast has no float16) prints {"error": ...} and exits 0, so the caller shows it.
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -46,8 +48,71 @@ def classification(model, channels, image_size, classes, batch, device, memory_f
     return model, (x, y), lambda m, b: F.cross_entropy(m(b[0]), b[1])
 
 
+# The reference models of the parity goldens (scripts/gen_bert_golden.py, scripts/gen_yolo_golden.py): Hugging
+# Face's BERT and Ultralytics' YOLOv8 restated in torch.nn, the definitions ampforge's parity tests compare with.
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+BERT = {"bert-base": (12, 768, 12, 3072), "bert-mini": (4, 256, 4, 1024), "bert-tiny": (2, 128, 2, 512)}
+
+
+def reference(module):
+    if not (SCRIPTS / (module + ".py")).exists():
+        raise ValueError(f"the reference models ({module}.py) are in the source tree's scripts/, not found at {SCRIPTS}")
+    sys.path.insert(0, str(SCRIPTS))
+    return __import__(module)
+
+
+def masked_lm(name, a):
+    """BERT masked LM: [CLS] ids [SEP], 15% of the positions masked, the head at the masked rows only (as
+    ampforge's default and NVIDIA's recipe)."""
+    ref = reference("gen_bert_golden")
+    c = ref.Config(*BERT[name], dropout=0.1)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(104, c.vocab_size, (a.batch, a.seq_len), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102
+    sel = torch.rand(a.batch, a.seq_len, generator=g) < 0.15
+    sel[:, 0] = sel[:, -1] = False
+    labels = torch.where(sel, ids, torch.full_like(ids, -100))
+    ids = torch.where(sel, torch.full_like(ids, 103), ids)
+    mask = torch.ones_like(ids)
+    model = ref.BertForMaskedLM(c).to(a.device)
+    ids, mask, labels = ids.to(a.device), mask.to(a.device), labels.to(a.device)
+
+    def loss_fn(m, b):
+        seq = m.bert(b[0], b[1])
+        pos = (b[2].view(-1) != -100).nonzero().squeeze(1)
+        rows = seq.reshape(-1, c.hidden_size).index_select(0, pos)
+        return F.cross_entropy(m.cls.predictions(rows).float(), b[2].view(-1)[pos])
+    return model, (ids, mask, labels), loss_fn
+
+
+def detection(name, a, memory_format):
+    """YOLOv8 with the v8 detection loss: [0, 1) images, four boxes per image (as ampforge's workload)."""
+    ref = reference("gen_yolo_golden")
+    size = a.image_size or 640
+    model = ref.DetectionModel(name[-1], 80, 3).to(a.device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(a.batch, 3, size, size, generator=g)
+    u = torch.rand(a.batch, 4, 4, generator=g)
+    cls = torch.tensor([(i * 7 + 3) % 80 for i in range(a.batch * 4)], dtype=torch.float32).view(a.batch, 4, 1)
+    t = torch.cat([cls, 0.2 + 0.6 * u[..., :2], 0.05 + 0.3 * u[..., 2:]], -1)
+    x, t = x.to(a.device), t.to(a.device)
+    if memory_format == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    strides = model.model[22].stride
+
+    def loss_fn(m, b):
+        feats = [f.float() for f in m(b[0])]
+        return ref.detection_loss(feats, strides, b[1], 80, torch.float32)[0]
+    return model, (x, t), loss_fn
+
+
 def build(name, a, memory_format):
     """The reference model and its synthetic batch; image models only take a memory format."""
+    if name in BERT:
+        return masked_lm(name, a)
+    if name.startswith("yolov8") and len(name) == 7:
+        return detection(name, a, memory_format)
     if name == "cnn":
         size = a.image_size or 28
         return classification(small_cnn(size), 1, size, 10, a.batch, a.device, memory_format)
@@ -85,7 +150,7 @@ def run(a, memory_format):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        with torch.autocast(dev_type, dtype=amp or torch.float32, enabled=amp is not None):
+        with torch.autocast(dev_type, dtype=amp) if amp is not None else contextlib.nullcontext():
             loss = loss_fn(model, batch)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -142,6 +207,8 @@ def main():
     if a.device.startswith("cuda") and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(torch.device(a.device))
     formats = ["nchw", "channels_last"] if a.memory_format == "both" else [a.memory_format]
+    if a.model in BERT:
+        formats = ["default"]  # token ids: no memory format
     try:
         for fmt in formats:
             out["results"][fmt] = run(a, fmt)

@@ -77,16 +77,20 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   if (on_cuda) tf32.emplace(o.precision == BenchPrecision::TF32);
 
   nn::Module& model = *w.module;
+  // Frozen parameters (YOLOv8's DFL bins) stay out of the optimizer, as in training.
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
   std::unique_ptr<optim::Optimizer> opt;
   if (o.optimizer == "sgd") {
     optim::SGDOptions so;
     so.lr = 1e-3;
     so.momentum = 0.9;
-    opt = std::make_unique<optim::SGD>(model.parameters(), so);
+    opt = std::make_unique<optim::SGD>(trainable, so);
   } else {
     optim::AdamWOptions ao;
     ao.lr = 1e-3;
-    opt = std::make_unique<optim::AdamW>(model.parameters(), ao);
+    opt = std::make_unique<optim::AdamW>(trainable, ao);
   }
   amp::GradScaler scaler(grad_scaler_options(amp));
   StepOptions so;
