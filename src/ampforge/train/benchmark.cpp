@@ -115,7 +115,12 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   memory::CachingAllocator* alloc = on_cuda ? cuda::caching_allocator(static_cast<int>(dev.index))
                                             : memory::installed_caching_allocator();
   if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
-  if (alloc != nullptr) alloc->reset_peak_stats();
+  // Cached blocks of earlier work (another cell of a bench) would count as reserved: release them first, so
+  // the peaks are this step's.
+  if (alloc != nullptr) {
+    alloc->empty_cache();
+    alloc->reset_peak_stats();
+  }
 
   BenchmarkResult r;
   if (on_cuda) {
