@@ -1,5 +1,7 @@
 #include "ampforge/export/inference.h"
 
+#include "ampforge/models/bert.h"
+
 #include "ampforge/core/safetensors.h"
 #include "ampforge/nn/init.h"
 #include "ampforge/nn/state_dict.h"
@@ -63,6 +65,16 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
 }
 
 Signature signature_for(const InferenceModel& m, int64_t batch) {
+  if (m.entry->task == "masked_lm" && dynamic_cast<models::BertForMaskedLM*>(m.model.get()) != nullptr) {
+    // BERT as Hugging Face exports it: input_ids and attention_mask (1 keep, 0 padding), both int64.
+    Signature s;
+    s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}, {"attention_mask", Shape{batch, m.seq_len}, DType::I64}};
+    s.outputs = {"logits"};
+    s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
+      return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).logits(in.at(0), in.at(1))};
+    };
+    return s;
+  }
   if (m.entry->task == "masked_lm") {
     Signature s;
     s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}};
