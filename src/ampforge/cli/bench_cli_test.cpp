@@ -2,6 +2,8 @@
 // peer's cells (through a stand-in interpreter that answers as the peer script does, so the plumbing is
 // checked without PyTorch), failures shown per cell, and usage errors (exit 2).
 #include <gtest/gtest.h>
+
+#include "ampforge/cli/cli_test_util.h"
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,26 +19,9 @@
 namespace fs = std::filesystem;
 
 namespace {
-const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
-
-struct CmdResult {
-  int code;
-  std::string out;
-};
-CmdResult run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = kBin + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-fs::path tmp(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ampforge_bench_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d / name;
-}
+using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::run_ampforge;
+fs::path tmp(const std::string& name) { return ampforge::cli::testing::scratch_dir("ampforge_bench_test_") / name; }
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream s;
@@ -47,7 +32,7 @@ std::string slurp(const fs::path& p) {
 
 TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   const fs::path md = tmp("table.md"), svg = tmp("chart.svg");
-  const CmdResult r = run("bench --models cnn --precisions fp32,bf16 --batch cnn=16 --warmup 0 --steps 2 --peer none "
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,bf16 --batch cnn=16 --warmup 0 --steps 2 --peer none "
                           "--threads 1 --json --markdown " + md.string() + " --svg " + svg.string(),
                           /*with_stderr=*/false);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -108,7 +93,7 @@ TEST(BenchCli, PeerCellsRatiosAndPeerFailuresAreShown) {
          "\"mean\": 0.5, \"samples_per_sec\": 16.0, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}'\n";
   }
   ::chmod(py.c_str(), 0755);
-  const CmdResult r = run("bench --models cnn --precisions fp32,fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
                           "--json --peer " + py.string(),
                           false);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -124,7 +109,7 @@ TEST(BenchCli, PeerCellsRatiosAndPeerFailuresAreShown) {
   EXPECT_TRUE(fp16["ratio"].is_null());
   EXPECT_FALSE(fp16["ampforge"].contains("error")) << "ampforge's CPU autocast runs fp16";
   // The terminal table names the peer's failure next to the cell.
-  const CmdResult t = run("bench --models cnn --precisions fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+  const CmdResult t = run_ampforge("bench --models cnn --precisions fp16 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
                           "--peer " + py.string(),
                           false);
   ASSERT_EQ(t.code, 0) << t.out;
@@ -134,7 +119,7 @@ TEST(BenchCli, PeerCellsRatiosAndPeerFailuresAreShown) {
 
 TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
   // TF32 is a CUDA mode: on the CPU that cell fails with the reason, and with no cell measured the exit is 1.
-  const CmdResult r = run("bench --models cnn --precisions tf32 --warmup 0 --steps 1 --peer none --json", false);
+  const CmdResult r = run_ampforge("bench --models cnn --precisions tf32 --warmup 0 --steps 1 --peer none --json", false);
   EXPECT_EQ(r.code, 1) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 1u);
@@ -142,7 +127,7 @@ TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
 }
 
 TEST(BenchCli, HelpAndUsageErrors) {
-  const CmdResult h = run("bench --help");
+  const CmdResult h = run_ampforge("bench --help");
   EXPECT_EQ(h.code, 0);
   for (const char* flag : {"--models", "--precisions", "--device", "--batch", "--peer", "--json", "--markdown", "--svg",
                            "--cuda-graphs", "--full"})
@@ -156,7 +141,7 @@ TEST(BenchCli, HelpAndUsageErrors) {
                         Case{"--models cnn --batch resnet50=4", "resnet50"},
                         Case{"--models cnn --device tpu", "--device"}, Case{"--models cnn --nchw --channels-last", "nchw"},
                         Case{"--models cnn --peer /nonexistent/python", "/nonexistent/python"}}) {
-    const CmdResult r = run(std::string("bench --steps 1 --warmup 0 ") + c.args);
+    const CmdResult r = run_ampforge(std::string("bench --steps 1 --warmup 0 ") + c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
   }

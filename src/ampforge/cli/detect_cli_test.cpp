@@ -2,6 +2,8 @@
 // composed set: the data command writes the YOLO layout, a one-step run writes a checkpoint, detect writes one
 // JSON line per image with boxes inside the image, and bad input is exit 2 with a message naming it.
 #include <gtest/gtest.h>
+
+#include "ampforge/cli/cli_test_util.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,36 +16,23 @@
 namespace fs = std::filesystem;
 
 namespace {
-const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
-
-struct CmdResult {
-  int code;
-  std::string out;
-};
-CmdResult run(const std::string& args) {
-  const std::string cmd = kBin + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::run_ampforge;
 }  // namespace
 
 TEST(DetectCli, MakeDetectionTrainAndDetect) {
   const fs::path d = fs::temp_directory_path() / ("ampforge_detect_cli_" + std::to_string(::getpid()));
   fs::remove_all(d);
-  CmdResult r = run("data make-detection " + (d / "set").string() + " --train 4 --val 3 --canvas 64 --max-items 2");
+  CmdResult r = run_ampforge("data make-detection " + (d / "set").string() + " --train 4 --val 3 --canvas 64 --max-items 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(d / "set/images/val/val_000002.png"));
   EXPECT_TRUE(fs::exists(d / "set/labels/train/train_000003.txt"));
   const std::string data = (d / "set/data.yaml").string(), ck = (d / "ck.safetensors").string();
-  r = run("train --model yolov8n --dataset detection --data " + data + " --image-size 64 --epochs 1 --batch 4 "
+  r = run_ampforge("train --model yolov8n --dataset detection --data " + data + " --image-size 64 --epochs 1 --batch 4 "
           "--workers 0 --no-progress --save " + ck);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string out = (d / "dets.jsonl").string();
-  r = run("detect --model yolov8n --checkpoint " + ck + " --source " + (d / "set/images/val").string() +
+  r = run_ampforge("detect --model yolov8n --checkpoint " + ck + " --source " + (d / "set/images/val").string() +
           " --image-size 64 --conf 0.001 --data " + data + " --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   std::ifstream in(out);
@@ -61,13 +50,13 @@ TEST(DetectCli, MakeDetectionTrainAndDetect) {
   }
   EXPECT_EQ(lines, 3);
   // Bad input: a missing checkpoint, a classification model, a label line with four fields.
-  r = run("detect --model yolov8n --checkpoint " + (d / "none.safetensors").string() + " --source " + out);
+  r = run_ampforge("detect --model yolov8n --checkpoint " + (d / "none.safetensors").string() + " --source " + out);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("none.safetensors"), std::string::npos) << r.out;
-  r = run("detect --model resnet18 --checkpoint " + ck + " --source " + (d / "set/images/val").string());
+  r = run_ampforge("detect --model resnet18 --checkpoint " + ck + " --source " + (d / "set/images/val").string());
   EXPECT_EQ(r.code, 2) << r.out;
   std::ofstream(d / "set/labels/train/train_000001.txt") << "1 0.5 0.5 0.2\n";
-  r = run("train --model yolov8n --dataset detection --data " + data + " --image-size 64 --epochs 1 --batch 4 --no-progress");
+  r = run_ampforge("train --model yolov8n --dataset detection --data " + data + " --image-size 64 --epochs 1 --batch 4 --no-progress");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("train_000001.txt:1"), std::string::npos) << r.out;
   fs::remove_all(d);

@@ -2,6 +2,8 @@
 // checked again in a fresh process with --batch), the breakdown adds up and matches the optimizer's state,
 // and bad input is exit 2 with a message naming the flag.
 #include <gtest/gtest.h>
+
+#include "ampforge/cli/cli_test_util.h"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -10,24 +12,11 @@
 #include <nlohmann/json.hpp>
 
 namespace {
-const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
-
-struct CmdResult {
-  int code;
-  std::string out;  // stdout only when `merge` is false
-};
-CmdResult run(const std::string& args, bool merge = true) {
-  const std::string cmd = kBin + " " + args + (merge ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::run_ampforge;
 
 nlohmann::json fit_json(const std::string& args, int expect_code = 0) {
-  CmdResult r = run("memory fit " + args + " --json", false);
+  CmdResult r = run_ampforge("memory fit " + args + " --json", false);
   EXPECT_EQ(r.code, expect_code) << args << "\n" << r.out;
   try {
     return nlohmann::json::parse(r.out);
@@ -85,14 +74,14 @@ TEST(MemoryFitCli, FindsTheLargestBatchUnderASmallBudget) {
   nlohmann::json at_b = fit_json("--model cnn --budget 64MiB --threads 2 --batch " + std::to_string(b), 0);
   EXPECT_TRUE(at_b.value("fits", false));
   EXPECT_EQ(at_b.value("peak_reserved", int64_t{-1}), j.at("peak_reserved").get<int64_t>());
-  CmdResult next = run("memory fit --model cnn --budget 64MiB --threads 2 --batch " + std::to_string(b + 1));
+  CmdResult next = run_ampforge("memory fit --model cnn --budget 64MiB --threads 2 --batch " + std::to_string(b + 1));
   EXPECT_EQ(next.code, 1) << next.out;
   EXPECT_NE(next.out.find("does not fit"), std::string::npos) << next.out;
   EXPECT_NE(next.out.find("what to try"), std::string::npos) << next.out;
 }
 
 TEST(MemoryFitCli, HumanOutputHasTheBreakdown) {
-  CmdResult r = run("memory fit --model cnn --budget 32MiB --threads 2 --steps 1");
+  CmdResult r = run_ampforge("memory fit --model cnn --budget 32MiB --threads 2 --steps 1");
   EXPECT_EQ(r.code, 0) << r.out;
   for (const char* s : {"probe  1 grow", "largest batch that fits:", "parameters", "gradients", "optimizer state",
                         "activations", "workspace/other", "fragmentation", "total (peak reserved)", "of budget"})
@@ -112,7 +101,7 @@ TEST(MemoryFitCli, MixedPrecisionAndOptimizerStates) {
 }
 
 TEST(MemoryFitCli, NotEvenBatchOneIsExit1WithTheReport) {
-  CmdResult r = run("memory fit --model cnn --budget 1MiB");
+  CmdResult r = run_ampforge("memory fit --model cnn --budget 1MiB");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("batch 1 does not fit"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("out of memory"), std::string::npos) << r.out;
@@ -137,7 +126,7 @@ TEST(MemoryFitCli, BadInputIsExit2WithAMessage) {
                         Case{"--model cnn --budget 1GiB --optimizer lion", "lion"},
                         Case{"--model cnn --budget 1GiB --max-batch 0", "--max-batch"},
                         Case{"--model cnn --budget 1GiB --steps 0", "--steps"}}) {
-    CmdResult r = run(std::string("memory fit ") + c.args);
+    CmdResult r = run_ampforge(std::string("memory fit ") + c.args);
     if (std::string(c.args) == "--model cnn --budget 16") {
       // A plain number is bytes: 16 bytes do not hold batch 1 (exit 1), which is not a parse error.
       EXPECT_EQ(r.code, 1) << c.args << "\n" << r.out;
@@ -146,7 +135,7 @@ TEST(MemoryFitCli, BadInputIsExit2WithAMessage) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
   }
-  CmdResult h = run("memory fit --help");
+  CmdResult h = run_ampforge("memory fit --help");
   EXPECT_EQ(h.code, 0);
   for (const char* s : {"--max-batch", "--budget", "Time:", "Exit status"})
     EXPECT_NE(h.out.find(s), std::string::npos) << s;

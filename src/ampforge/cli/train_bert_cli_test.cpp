@@ -2,6 +2,8 @@
 // cached in --text-cache's stand-in (AMPFORGE_CACHE_DIR), the masked-LM metrics and the unigram bound in --json,
 // and the errors for a missing corpus, a missing vocabulary and a sequence longer than the position table.
 #include <gtest/gtest.h>
+
+#include "ampforge/cli/cli_test_util.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,27 +16,12 @@
 namespace fs = std::filesystem;
 
 namespace {
-const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
+using ampforge::cli::testing::CmdResult;
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-fs::path dir() {
-  fs::path d = fs::temp_directory_path() / ("ampforge_bert_cli_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path dir() { return ampforge::cli::testing::scratch_dir("ampforge_bert_cli_"); }
 
 CmdResult run(const std::string& args) {
-  const std::string cmd = "AMPFORGE_CACHE_DIR=" + (dir() / "cache").string() + " " + kBin + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return ampforge::cli::testing::run_ampforge(args, true, "AMPFORGE_CACHE_DIR=" + (dir() / "cache").string());
 }
 
 std::string corpus() {

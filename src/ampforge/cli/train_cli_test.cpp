@@ -1,6 +1,8 @@
 // `ampforge train` as a user runs it: --help, usage errors (exit 2), bad data (exit 2 naming the file),
 // --json's keys, and Ctrl-C finishing the step, writing a checkpoint and exiting 130.
 #include <gtest/gtest.h>
+
+#include "ampforge/cli/cli_test_util.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,38 +23,23 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-CmdResult run(const std::string& args) {
-  const std::string cmd = kBin + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-fs::path tmp(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ampforge_cli_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d / name;
-}
+using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::run_ampforge;
+fs::path tmp(const std::string& name) { return ampforge::cli::testing::scratch_dir("ampforge_cli_test_") / name; }
 }  // namespace
 
 TEST(TrainCli, HelpAndUsageErrors) {
-  CmdResult h = run("train --help");
+  CmdResult h = run_ampforge("train --help");
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("--precision"), std::string::npos);
-  EXPECT_EQ(run("--version").code, 0);
-  EXPECT_EQ(run("train --epochs abc").code, 2);
-  EXPECT_EQ(run("train --no-such-flag").code, 2);
-  CmdResult bad = run("train --precision fp8 --no-progress");
+  EXPECT_EQ(run_ampforge("--version").code, 0);
+  EXPECT_EQ(run_ampforge("train --epochs abc").code, 2);
+  EXPECT_EQ(run_ampforge("train --no-such-flag").code, 2);
+  CmdResult bad = run_ampforge("train --precision fp8 --no-progress");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("fp8"), std::string::npos);
   for (const char* args : {"--accumulate 0", "--label-smoothing 1", "--lr-reference-batch -1", "--schedule nope"}) {
-    CmdResult r = run(std::string("train --dataset synthetic --no-progress ") + args);
+    CmdResult r = run_ampforge(std::string("train --dataset synthetic --no-progress ") + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(r.out.find(flag == "--schedule" ? "schedule" : flag), std::string::npos) << args << "\n" << r.out;
@@ -60,15 +47,12 @@ TEST(TrainCli, HelpAndUsageErrors) {
 }
 
 TEST(TrainCli, AccumulationSmoothingAndDecayGroupsRun) {
-  const std::string cmd = kBin + " train --dataset synthetic --synthetic-size 256 --batch 16 --accumulate 4 "
-                          "--label-smoothing 0.1 --no-decay-bias-norm --schedule linear --warmup 1 "
-                          "--lr 5e-4 --lr-reference-batch 32 --epochs 1 --json --no-progress 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
-  auto j = nlohmann::json::parse(out);
+  const CmdResult r = run_ampforge("train --dataset synthetic --synthetic-size 256 --batch 16 --accumulate 4 "
+                                   "--label-smoothing 0.1 --no-decay-bias-norm --schedule linear --warmup 1 "
+                                   "--lr 5e-4 --lr-reference-batch 32 --epochs 1 --json --no-progress",
+                                   /*merge_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["steps"], 4) << "256 examples / (16 x 4) per step";
   EXPECT_EQ(j["task"], "classification");
   EXPECT_EQ(j["primary_metric"], "accuracy");
@@ -77,7 +61,7 @@ TEST(TrainCli, AccumulationSmoothingAndDecayGroupsRun) {
 }
 
 TEST(InfoCli, SaysWhetherCudaIsUsableAndWhyNot) {
-  CmdResult r = run("info");
+  CmdResult r = run_ampforge("info");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("CPU kernels: " + std::to_string(ampforge::kNumOps)), std::string::npos) << r.out;  // all on CPU
   // Either devices are listed, or the reason they are not is given in words.
@@ -87,19 +71,16 @@ TEST(InfoCli, SaysWhetherCudaIsUsableAndWhyNot) {
 }
 
 TEST(TrainCli, MissingDataIsExitCode2WithTheDirectory) {
-  CmdResult r = run("train --data-dir " + tmp("nowhere").string() + " --no-progress");
+  CmdResult r = run_ampforge("train --data-dir " + tmp("nowhere").string() + " --no-progress");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("nowhere"), std::string::npos) << r.out;
 }
 
 TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
-  const std::string cmd = kBin + " train --dataset synthetic --synthetic-size 128 --batch 32 --epochs 1 --json --no-progress 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0);
-  auto j = nlohmann::json::parse(out);
+  const CmdResult r = run_ampforge("train --dataset synthetic --synthetic-size 128 --batch 32 --epochs 1 --json --no-progress",
+                                   /*merge_stderr=*/false);
+  ASSERT_EQ(r.code, 0);
+  auto j = nlohmann::json::parse(r.out);
   for (const char* k : {"model", "precision", "epochs", "test_accuracy", "train_samples_per_sec", "wall_seconds",
                         "peak_memory_bytes", "loss_scale", "skipped_steps", "overflow_events"})
     EXPECT_TRUE(j.contains(k)) << k;

@@ -1,0 +1,39 @@
+// Test helper (header-only) for the cli/ tests: runs the built ampforge binary through the shell, as a user
+// would, and gives each test process its own scratch directory.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace ampforge::cli::testing {
+
+struct CmdResult {
+  int code;         // exit status; -1 when the process did not exit normally
+  std::string out;  // stdout, and stderr after it when merge_stderr
+};
+
+// `args` go to the shell after the binary (they may hold quoting or redirections); `env` is prefixed to the
+// command line ("NAME=value ..."). Without merge_stderr, stderr is discarded (stdout parses as JSON).
+inline CmdResult run_ampforge(const std::string& args, bool merge_stderr = true, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : env + " ") + AMPFORGE_BINARY_DIR "/bin/ampforge " + args +
+                          (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// <tmp>/<prefix><pid>, created.
+inline std::filesystem::path scratch_dir(const std::string& prefix) {
+  std::filesystem::path d = std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace ampforge::cli::testing
