@@ -26,6 +26,7 @@
 #include "ampforge/train/benchmark.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::cli {
 
@@ -166,20 +167,6 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
   if (b.contains("peak_allocated_bytes")) s.peak_allocated_bytes = b["peak_allocated_bytes"].get<int64_t>();
   if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b["peak_reserved_bytes"].get<int64_t>();
   return s;
-}
-
-void write_file(const std::string& path, const std::string& text, const char* what) {
-  const fs::path tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    AF_CHECK(out.good(), "cannot write the {} file '{}'", what, path);
-    out << text;
-    out.flush();
-    AF_CHECK(out.good(), "writing the {} file '{}' failed (disk full?)", what, path);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  AF_CHECK(!ec, "cannot write the {} file '{}': {}", what, path, ec.message());
 }
 
 int run_bench(const BenchFlags& f) {
@@ -327,8 +314,8 @@ int run_bench(const BenchFlags& f) {
   }
   if (f.peer == "auto" && peer_python.empty()) rep.sizes_note += "; peer: no Python with torch found (" + why + ")";
   compute_derived(rep);
-  if (!f.markdown.empty()) write_file(f.markdown, bench_markdown(rep), "Markdown");
-  if (!f.svg.empty()) write_file(f.svg, bench_svg(rep), "SVG");
+  if (!f.markdown.empty()) write_file_atomically(f.markdown, bench_markdown(rep), "Markdown file");
+  if (!f.svg.empty()) write_file_atomically(f.svg, bench_svg(rep), "SVG file");
   if (f.json) std::printf("%s\n", bench_to_json(rep).dump(2).c_str());
   else std::printf("%s", bench_table(rep).c_str());
   bool any_ok = false;

@@ -9,6 +9,7 @@
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/export/tracer.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::onnx_export {
 
@@ -83,25 +84,7 @@ Graph build_onnx_graph(nn::Module& model, const Signature& sig, const ExportOpti
 }
 
 void write_onnx(const Graph& g, const std::string& path) {
-  const std::string bytes = serialize_model(g);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) AF_THROW(Io, "cannot write '{}' (for '{}'): {}", tmp, path, std::strerror(errno));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      f.close();
-      std::remove(tmp.c_str());
-      AF_THROW(Io, "writing '{}' failed (disk full?)", path);
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    AF_THROW(Io, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
-  }
+  write_file_atomically(path, serialize_model(g), "ONNX file");
 }
 
 }  // namespace ampforge::onnx_export
