@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
+
 namespace ampforge::bench {
 
 // The interpreter that has torch: AMPFORGE_PEER_PYTHON, else /usr/bin/python3 (Debian's python3-torch).
@@ -17,7 +19,10 @@ inline std::string peer_python() {
 
 // Runs the peer script (bench/peer/<script>) with `args`; nullopt (with a note on stderr) when torch is not
 // available.
+// The peer inherits this process's OPENBLAS_CORETYPE: select_blas_kernels() runs first, so both sides' GEMMs run
+// the same OpenBLAS kernels (docs/BENCH.md, "The peer").
 inline std::optional<nlohmann::json> run_peer(const std::string& args, const std::string& script = "torch_peer.py") {
+  ampforge::cpu::select_blas_kernels();
   const std::string cmd =
       peer_python() + " " + AMPFORGE_SOURCE_DIR "/bench/peer/" + script + " " + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");

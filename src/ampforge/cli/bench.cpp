@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/bench_report.h"
 #include "ampforge/cli/commands.h"
@@ -204,6 +205,10 @@ int run_bench(const BenchFlags& f) {
   if (dev.is_cpu()) {
     const hw::HostInfo host = hw::probe_host();
     if (host.cpu_model.ok()) rep.device_name = *host.cpu_model;
+    const cpu::BlasKernels& blas = cpu::select_blas_kernels();  // before the peer starts: it inherits the choice
+    rep.blas_library = blas.version;
+    rep.blas_core = blas.core;
+    rep.blas_source = cpu::blas_source_name(blas.source);
   }
 
   // Models: the asked ones must exist; by default the brief's that this build has.

@@ -91,6 +91,9 @@ std::string header_lines(const BenchReport& r) {
                               r.version, r.device, r.device_name.empty() ? "" : " (" + r.device_name + ")",
                               r.optimizer, "; GradScaler for fp16", r.warmup, r.steps, r.threads);
   if (!r.sizes_note.empty()) s += "\nsizes: " + r.sizes_note;
+  if (!r.blas_core.empty())
+    s += fmt::format("\nCPU BLAS: {}, {} kernels (chosen by {}; the peer loads the same library and kernels)",
+                     r.blas_library, r.blas_core, r.blas_source);
   if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format",
                                               r.peer_torch, r.peer_python);
   if (!r.unavailable_models.empty()) {
@@ -109,6 +112,9 @@ nlohmann::json bench_to_json(const BenchReport& r) {
   j["device"] = r.device;
   j["device_name"] = r.device_name;
   j["threads"] = r.threads;
+  j["blas"] = r.blas_core.empty() ? nlohmann::json()
+                                  : nlohmann::json{{"library", r.blas_library}, {"core", r.blas_core},
+                                                   {"source", r.blas_source}};
   j["settings"] = {{"warmup", r.warmup},         {"steps", r.steps},
                    {"optimizer", r.optimizer},   {"channels_last", r.channels_last},
                    {"cuda_graphs", r.cuda_graphs}, {"full", r.full},

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/hw/doctor.h"
 #include "ampforge/util/env.h"
@@ -22,6 +23,20 @@ struct DoctorArgs {
 bool use_colour() {
   auto no_colour = env_get("NO_COLOR");
   return ::isatty(STDOUT_FILENO) && !(no_colour && !no_colour->empty());
+}
+
+// The CPU's BLAS kernels, for the host.blas_kernels check (hw sits below the backends, so the CLI passes them in).
+hw::BlasReport blas_report() {
+  const cpu::BlasKernels& k = cpu::select_blas_kernels();
+  return hw::BlasReport{.known = true,
+                        .library = k.library,
+                        .version = k.version,
+                        .loaded_core = k.loaded_core,
+                        .core = k.core,
+                        .cpu_best = k.cpu_best,
+                        .source = cpu::blas_source_name(k.source),
+                        .note = k.note,
+                        .below_cpu = k.below_cpu()};
 }
 }  // namespace
 
@@ -42,6 +57,7 @@ Command add_doctor_command(CLI::App& app) {
             o.alert_temp_c = args->alert_temp;
             o.python_timeout_s = args->python_timeout;
             o.measure_bandwidth = !args->no_bandwidth;
+            o.blas = blas_report();
             const hw::DoctorReport r = hw::run_doctor(o);
             if (args->json)
               std::fputs((hw::doctor_report_json(r).dump(2) + "\n").c_str(), stdout);

@@ -53,6 +53,7 @@ int run_export(ExportArgs a) {
     for (const auto& v : g.outputs) outs.push_back(value_json(v));
     const nlohmann::json j = {{"schema", "ampforge.export/1"},
                               {"model", m.entry->name},
+                              {"task", m.task.empty() ? nlohmann::json() : nlohmann::json(m.task)},
                               {"file", a.output},
                               {"bytes", bytes},
                               {"ir_version", onnx_export::kIrVersion},
@@ -93,6 +94,10 @@ void add_inference_model_flags(CLI::App* sub, onnx_export::InferenceModelOptions
   sub->add_option("--in-channels", m.in_channels, "Input channels (default: the model's)");
   sub->add_option("--classes", m.num_classes, "Classes (default: the model's)");
   sub->add_option("--seq-len", m.seq_len, "Sequence length (text models)");
+  sub->add_option("--task", m.task,
+                  "Text models' output, as Hugging Face names it: fill-mask (MLM logits, default) or "
+                  "feature-extraction (the encoder's last_hidden_state)")
+      ->check(CLI::IsMember({"fill-mask", "feature-extraction"}));
 }
 
 Command add_export_command(CLI::App& app) {
@@ -107,7 +112,8 @@ Command add_export_command(CLI::App& app) {
   sub->add_flag("--no-fold-bn", a->no_fold_bn, "Keep BatchNormalization nodes (default: folded into the Conv)");
   sub->add_flag("--json", a->json, "Print JSON (schema ampforge.export/1; see docs/ARCHITECTURE.md)");
   sub->footer(
-      "Inputs/outputs: images (B, C, S, S) -> output0. TensorRT: trtexec --onnx=model.onnx --fp16\n"
+      "Inputs/outputs: images (B, C, S, S) -> output0; BERT: input_ids, attention_mask (B, T) int64 -> logits\n"
+      "(--task fill-mask) or last_hidden_state (--task feature-extraction). TensorRT: trtexec --onnx=model.onnx --fp16\n"
       "Example: ampforge export --model resnet50 --checkpoint r50.safetensors -o resnet50.onnx --dynamic-batch\n"
       "Exit codes: 0 written; 2 usage or input error (no weights, another model's checkpoint, unsupported option);\n"
       "nothing is written on error.");

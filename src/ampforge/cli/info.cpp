@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <string>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/dispatch.h"
@@ -23,6 +24,13 @@ Command add_info_command(CLI::App& app) {
             std::printf("ampforge %s (%s, %s)\n", AMPFORGE_VERSION_STRING, AMPFORGE_BUILD_TYPE, AMPFORGE_CXX_COMPILER);
             std::printf("ops: %d; CPU kernels: %d; CUDA kernels: %d\n", kNumOps, cpu, cuda);
             std::printf("CPU threads: %d\n", get_num_threads());
+            const cpu::BlasKernels& blas = cpu::select_blas_kernels();
+            std::printf("BLAS: %s; kernels: %s (%s)\n", blas.version.empty() ? "?" : blas.version.c_str(),
+                        blas.core.empty() ? "?" : blas.core.c_str(), blas.note.c_str());
+            if (blas.below_cpu())
+              std::printf("WARNING: these BLAS kernels are weaker than this CPU allows (%s): GEMMs, and so convolutions "
+                          "and linear layers, run slower than they could\n",
+                          blas.cpu_best.c_str());
             if (const int devices = cuda::device_count(); devices > 0)
               std::printf("CUDA devices: %d\n", devices);
             else

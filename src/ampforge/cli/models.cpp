@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/core/safetensors.h"
 #include "ampforge/models/registry.h"
 #include "ampforge/nn/init.h"
 #include "ampforge/nn/state_dict.h"
@@ -54,7 +55,8 @@ int run_load(const ModelsArgs& a) {
   }
   nn::LoadOptions lo;
   lo.strict = false;
-  const nn::LoadReport r = nn::load_safetensors(*model, a.load, lo);
+  // The reference implementation's names first (BERT: a Hugging Face model.safetensors loads as downloaded).
+  const nn::LoadReport r = nn::load_state_dict(*model, e.reference_state(load_safetensors(a.load).tensors), lo);
   if (a.json) {
     nlohmann::json mis = nlohmann::json::array();
     for (const auto& m : r.mismatched_keys)

@@ -103,3 +103,36 @@ TEST(ModelsCli, LoadReportsWhetherAFileFitsTheModel) {
   EXPECT_EQ(run_ampforge({"models", "resnet18", "resnet50", "--load", fits}, kEnv).exit_code, 2);
   fs::remove_all(dir);
 }
+
+// A Hugging Face BERT checkpoint loads as downloaded: the original LayerNorm names (gamma/beta), the tied decoder
+// duplicates and the position_ids buffer are mapped by the registry entry's from_reference_state.
+TEST(ModelsCli, LoadMapsHuggingFaceBertNames) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("ampforge_models_bert_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string hf_file = (dir / "model.safetensors").string();
+  size_t keys = 0;
+  {
+    ampforge::nn::init::SkipInitGuard skip;
+    const auto& e = ampforge::models::model_registry().at("bert-tiny");
+    auto m = e.build(e.defaults);
+    ampforge::nn::NamedTensors hf;
+    for (auto [key, t] : m->state_dict()) {
+      ++keys;
+      if (key.ends_with("LayerNorm.weight")) key = key.substr(0, key.size() - 6) + "gamma";
+      else if (key.ends_with("LayerNorm.bias")) key = key.substr(0, key.size() - 4) + "beta";
+      hf.emplace_back(key, t);
+    }
+    hf.emplace_back("cls.predictions.decoder.weight", m->state_dict().front().second);
+    hf.emplace_back("bert.embeddings.position_ids",
+                    ampforge::Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 3}, ampforge::Shape{1, 4}));
+    ampforge::save_safetensors(hf_file, hf);
+  }
+  const auto r = run_ampforge({"models", "bert-tiny", "--load", hf_file, "--json"}, kEnv, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("ok"), true) << r.out;
+  EXPECT_EQ(j.at("loaded"), keys);
+  EXPECT_TRUE(j.at("unexpected_keys").empty()) << r.out;
+  fs::remove_all(dir);
+}

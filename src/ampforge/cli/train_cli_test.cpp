@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/core/op_list.h"
 #include "ampforge/core/safetensors.h"
 
@@ -68,6 +69,23 @@ TEST(InfoCli, SaysWhetherCudaIsUsableAndWhyNot) {
   const bool devices = r.out.find("CUDA devices: ") != std::string::npos;
   const size_t why = r.out.find("CUDA: not available (");
   EXPECT_TRUE(devices || (why != std::string::npos && r.out.size() > why + 25)) << r.out;
+}
+
+// The BLAS line names the kernels that run; forcing weaker ones than the CPU allows is reported, never silent.
+TEST(InfoCli, NamesTheBlasKernelsAndWarnsWhenTheyAreWeakerThanTheCpu) {
+  CmdResult r = run_ampforge("info", true, "env -u OPENBLAS_CORETYPE -u AMPFORGE_BLAS_CORETYPE");
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_NE(r.out.find("BLAS: OpenBLAS"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("WARNING: these BLAS kernels"), std::string::npos) << "left alone, ampforge runs the best: " << r.out;
+  const ampforge::cpu::CpuIsa isa = ampforge::cpu::host_isa();
+  if (ampforge::cpu::openblas_core_rank(ampforge::cpu::best_openblas_core(isa)) > 0) {  // any x86-64 CPU since 2008
+    r = run_ampforge("info", true, "OPENBLAS_CORETYPE=Prescott");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("kernels: Prescott (OPENBLAS_CORETYPE=Prescott set by the user)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("WARNING: these BLAS kernels are weaker than this CPU allows (" + ampforge::cpu::best_openblas_core(isa)),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 TEST(TrainCli, MissingDataIsExitCode2WithTheDirectory) {

@@ -304,7 +304,7 @@ TEST(OnnxExport, EncoderWithMaskedAttentionMatchesOnnxRuntime) {
 
 TEST(OnnxExport, MaskedLmTaskSignatureIsInputIdsToLogits) {
   // What `ampforge export` uses for a registered masked_lm model (BERT): input_ids (B, seq_len) -> logits.
-  models::ModelEntry entry{"tiny-text", "masked_lm", "test", {}, nullptr, nullptr};
+  models::ModelEntry entry{"tiny-text", "masked_lm", "test", {}, nullptr, nullptr, nullptr};
   InferenceModel m;
   m.entry = &entry;
   m.model = std::make_shared<TinyEncoder>();
@@ -331,11 +331,14 @@ TEST(OnnxExport, MaskedLmTaskSignatureIsInputIdsToLogits) {
 }
 
 // The registered models of the brief beyond the ResNets, as `ampforge export --random-init` builds them.
-TEST(OnnxExport, RegisteredBertTinyWithPaddingMatchesOnnxRuntime) {
+// The registered bert-tiny with a padded row, exported for `task` (Hugging Face's pipeline names), against ONNX
+// Runtime: the graph's output is `output` of shape `want`.
+static void check_bert_tiny_task(const std::string& task, const std::string& output, const Shape& want) {
   InferenceModelOptions io;
   io.model = "bert-tiny";
   io.random_init = true;
   io.seq_len = 8;
+  io.task = task;
   const InferenceModel m = load_inference_model(io);
   ExportOptions opt;
   opt.batch = 2;
@@ -344,7 +347,8 @@ TEST(OnnxExport, RegisteredBertTinyWithPaddingMatchesOnnxRuntime) {
   ASSERT_EQ(g.inputs.size(), 2u);
   EXPECT_EQ(g.inputs[0].name, "input_ids");
   EXPECT_EQ(g.inputs[1].name, "attention_mask");
-  EXPECT_EQ(g.outputs.at(0).name, "logits");
+  ASSERT_EQ(g.outputs.size(), 1u);
+  EXPECT_EQ(g.outputs.at(0).name, output);
   Tensor ids = Tensor::from_vector(std::vector<int64_t>{101, 2023, 2003, 1037, 3231, 102, 0, 0,
                                                         101, 7592, 2088, 999, 4248, 2017, 1029, 102},
                                    Shape{2, 8});
@@ -354,10 +358,41 @@ TEST(OnnxExport, RegisteredBertTinyWithPaddingMatchesOnnxRuntime) {
     autograd::NoGradGuard ng;
     ref = sig.run(*m.model, {ids, mask}).at(0);
   }
-  const auto out = check_and_run(g, "bert_tiny", {{"input_ids", ids}, {"attention_mask", mask}});
-  if (!out.contains("logits")) return;
-  EXPECT_EQ(out.at("logits").shape(), ref.shape());
-  EXPECT_LE(measured("bert-tiny (padding mask)", out.at("logits"), ref), kF32Bound);
+  ASSERT_EQ(ref.shape(), want);
+  const auto out = check_and_run(g, "bert_tiny_" + task, {{"input_ids", ids}, {"attention_mask", mask}});
+  if (!out.contains(output)) return;
+  EXPECT_EQ(out.at(output).shape(), ref.shape());
+  EXPECT_LE(measured(("bert-tiny " + task + " (padding mask)").c_str(), out.at(output), ref), kF32Bound);
+}
+
+TEST(OnnxExport, RegisteredBertTinyWithPaddingMatchesOnnxRuntime) {
+  check_bert_tiny_task("", "logits", Shape{2, 8, 30522});
+  check_bert_tiny_task("fill-mask", "logits", Shape{2, 8, 30522});
+}
+
+TEST(OnnxExport, BertFeatureExtractionExportsTheEncodersLastHiddenState) {
+  check_bert_tiny_task("feature-extraction", "last_hidden_state", Shape{2, 8, 128});
+}
+
+TEST(OnnxExport, TaskIsCheckedAgainstTheModel) {
+  InferenceModelOptions io;
+  io.random_init = true;
+  io.model = "resnet18";
+  io.task = "feature-extraction";
+  EXPECT_THROW(
+      {
+        try {
+          load_inference_model(io);
+        } catch (const Error& e) {
+          EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+          EXPECT_NE(std::string(e.what()).find("applies to text models"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  io.model = "bert-tiny";
+  io.task = "question-answering";
+  EXPECT_THROW(load_inference_model(io), Error);
 }
 
 TEST(OnnxExport, RegisteredYolov8nMatchesOnnxRuntime) {

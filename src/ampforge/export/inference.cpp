@@ -28,6 +28,15 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
     AF_CHECK(o.image_size == 0 && o.in_channels == 0, "--image-size and --in-channels apply to image models; '{}' "
              "({}) takes token ids (use --seq-len)", o.model, m.entry->task);
   if (o.seq_len > 0) m.seq_len = o.seq_len;
+  if (m.entry->task == "masked_lm") {
+    m.task = o.task.empty() ? "fill-mask" : o.task;
+    AF_CHECK(m.task == "fill-mask" || m.task == "feature-extraction",
+             "--task {}: '{}' offers fill-mask (the MLM logits) or feature-extraction (the encoder's last_hidden_state)",
+             o.task, o.model);
+  } else {
+    AF_CHECK(o.task.empty(), "--task {}: applies to text models; '{}' ({}) has one output", o.task, o.model,
+             m.entry->task);
+  }
   m.options = m.entry->defaults;
   if (o.in_channels > 0) m.options.in_channels = o.in_channels;
   if (o.num_classes > 0) m.options.num_classes = o.num_classes;
@@ -50,7 +59,7 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
       for (auto& [n, t] : f.tensors)
         if (n.rfind("model.", 0) == 0) state.emplace_back(n.substr(6), t);
     } else {
-      state = f.tensors;
+      state = m.entry->reference_state(f.tensors);  // e.g. a Hugging Face BERT model.safetensors as downloaded
     }
     const nn::LoadReport r = nn::compare_state_dict(*m.model, state);
     AF_CHECK(r.ok(), "checkpoint '{}' does not fit model '{}' ({} input channels, {} classes, image size {}): {}{}",
@@ -69,13 +78,22 @@ Signature signature_for(const InferenceModel& m, int64_t batch) {
     // BERT as Hugging Face exports it: input_ids and attention_mask (1 keep, 0 padding), both int64.
     Signature s;
     s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}, {"attention_mask", Shape{batch, m.seq_len}, DType::I64}};
-    s.outputs = {"logits"};
-    s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
-      return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).logits(in.at(0), in.at(1))};
-    };
+    if (m.task == "feature-extraction") {
+      s.outputs = {"last_hidden_state"};
+      s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).bert->encode(in.at(0), in.at(1))};
+      };
+    } else {
+      s.outputs = {"logits"};
+      s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).logits(in.at(0), in.at(1))};
+      };
+    }
     return s;
   }
   if (m.entry->task == "masked_lm") {
+    AF_CHECK(m.task.empty() || m.task == "fill-mask", "--task {}: model '{}' has no separate encoder output", m.task,
+             m.entry->name);
     Signature s;
     s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}};
     s.outputs = {"logits"};

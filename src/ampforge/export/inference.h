@@ -18,6 +18,10 @@ struct InferenceModelOptions {
   // 0: the registry entry's default (models::ModelEntry::defaults).
   int64_t in_channels = 0, num_classes = 0, image_size = 0;
   int64_t seq_len = 0;  // text models (task masked_lm): tokens per sequence; 0: 128
+  // Text models: what the graph outputs, named as Hugging Face's pipelines / optimum's export tasks.
+  // "fill-mask" (default): the MLM head's `logits` (B, T, vocab); "feature-extraction": the encoder's
+  // `last_hidden_state` (B, T, hidden), without the head. "" = the model's default.
+  std::string task;
 };
 
 struct InferenceModel {
@@ -25,6 +29,7 @@ struct InferenceModel {
   models::ModelOptions options;
   nn::ModulePtr model;  // eval mode, F32, CPU
   int64_t seq_len = 128;  // text models
+  std::string task;       // text models: "fill-mask" or "feature-extraction"; "" for image models
   int64_t loaded_tensors = 0;
 };
 
@@ -33,10 +38,10 @@ struct InferenceModel {
 // options the model's task does not take (--seq-len for an image model).
 InferenceModel load_inference_model(const InferenceModelOptions& opt);
 
-// The signature of the model's task with batch `batch`: classification and detection take images;
-// masked_lm takes input_ids (B, seq_len) I64 -> logits (B, seq_len, vocab) through Module::forward (BERT's
-// forward(input_ids): every position attended; an attention_mask input needs the model's two-input call,
-// which this signature does not know yet).
+// The signature of the model's task with batch `batch`: classification and detection take images
+// (`images` -> `output0`); BERT takes `input_ids` and `attention_mask` (B, seq_len) I64, as Hugging Face exports
+// it, and gives `logits` (B, seq_len, vocab) for fill-mask or `last_hidden_state` (B, seq_len, hidden) for
+// feature-extraction; another masked_lm model takes input_ids alone through Module::forward.
 Signature signature_for(const InferenceModel& m, int64_t batch);
 
 }  // namespace ampforge::onnx_export

@@ -147,6 +147,29 @@ void check_cudnn(const DoctorReport& r, Checks& c) {
           fmt::format("install the cuDNN build for CUDA {} (e.g. cudnn9-cuda-{})", rt.major(), rt.major()));
 }
 
+// GEMM speed on the CPU depends on which of OpenBLAS's kernel sets runs (see backends/cpu/blas_kernels.h).
+void check_blas(const DoctorReport& r, Checks& c) {
+  const std::string id = "host.blas_kernels";
+  const BlasReport& b = r.blas;
+  if (!b.known) return;
+  if (b.source == "unavailable") {
+    c.add(id, std::nullopt, Verdict::Skip, fmt::format("{}: {}", b.library.empty() ? "BLAS" : b.library, b.note));
+    return;
+  }
+  if (b.below_cpu) {
+    c.add(id, std::nullopt, Verdict::Warn,
+          fmt::format("OpenBLAS runs its {} kernels, but this CPU can run {} ({})", b.core, b.cpu_best, b.note),
+          b.source == "user-env" ? fmt::format("set OPENBLAS_CORETYPE={} (or unset it)", b.cpu_best)
+                                 : fmt::format("unset AMPFORGE_BLAS_CORETYPE, or set OPENBLAS_CORETYPE={}", b.cpu_best));
+    return;
+  }
+  c.add(id, std::nullopt, Verdict::Pass,
+        b.source == "ampforge"
+            ? fmt::format("OpenBLAS runs {} kernels (it chose {} for this unknown CPU model; ampforge re-selected)",
+                          b.core, b.loaded_core)
+            : fmt::format("OpenBLAS runs {} kernels, the strongest this CPU allows", b.core));
+}
+
 void check_framework(const PythonReport& py, const FrameworkInfo& f, const std::string& id, const char* min_version,
                      const std::string& pip_name, Checks& c) {
   if (!py.found && !f.installed.has_value()) {
@@ -429,6 +452,7 @@ void evaluate_checks(DoctorReport& r) {
   check_driver(r, c);
   check_driver_runtime(r, c);
   check_cudnn(r, c);
+  check_blas(r, c);
   check_framework(r.python, r.python.torch, "python.torch_version", kMinTorchVersion, "torch", c);
   check_framework(r.python, r.python.tensorflow, "python.tensorflow_version", kMinTensorflowVersion, "tensorflow", c);
   check_torch_cuda(r, c);

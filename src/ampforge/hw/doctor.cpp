@@ -75,6 +75,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
   r.alert_temp_c = options.alert_temp_c;
   PythonProbe python(options.python_timeout_s);
   r.host = probe_host();
+  r.blas = options.blas;
   r.libraries = probe_libraries();
 
   auto nvml = Nvml::open();

@@ -73,7 +73,21 @@ struct DriverReport {
   Field<unsigned> gpu_count;
 };
 
+// The CPU BLAS kernels (filled by the caller from backends/cpu/blas_kernels.h: hw sits below the backends).
+struct BlasReport {
+  bool known = false;       // false: nobody filled it in (the check is skipped)
+  std::string library;      // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
+  std::string version;      // "OpenBLAS 0.3.21"
+  std::string loaded_core;  // chosen by OpenBLAS at load
+  std::string core;         // running now
+  std::string cpu_best;     // the strongest core this CPU can run
+  std::string source;       // "openblas", "user-env", "ampforge", "kept", "unavailable"
+  std::string note;
+  bool below_cpu = false;   // the running kernels are weaker than the CPU allows
+};
+
 struct DoctorOptions {
+  BlasReport blas;
   double alert_temp_c = 80;
   double python_timeout_s = 6;
   bool measure_bandwidth = true;
@@ -86,6 +100,7 @@ struct DoctorReport {
   DriverReport driver;
   LibrariesReport libraries;
   HostInfo host;
+  BlasReport blas;
   PythonReport python;
   std::vector<GpuReport> gpus;
   std::vector<CheckResult> checks;

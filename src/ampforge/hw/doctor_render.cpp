@@ -152,6 +152,10 @@ json doctor_report_json(const DoctorReport& r) {
   put(h, hna, "kernel", r.host.kernel);
   h["na"] = hna;
   j["host"] = h;
+  if (r.blas.known)
+    j["blas"] = {{"library", r.blas.library}, {"version", r.blas.version}, {"loaded_core", r.blas.loaded_core}, {"core", r.blas.core},
+                 {"cpu_best", r.blas.cpu_best}, {"source", r.blas.source}, {"below_cpu", r.blas.below_cpu},
+                 {"note", r.blas.note}};
   j["python"] = {{"found", r.python.found},
                  {"executable", str_or_null(r.python.executable)},
                  {"version", str_or_null(r.python.version)},
@@ -246,6 +250,10 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
                       (r.host.ram_available_bytes.ok() ? fmt::format(" ({:.1f} GiB available)", *r.host.ram_available_bytes / 1073741824.0) : ""));
   row(out, "CPU governor", show(r.host.cpu_governor, p, [](const std::string& s) { return s; }));
   row(out, "Kernel", show(r.host.kernel, p, [](const std::string& s) { return s; }));
+  if (r.blas.known)
+    row(out, "BLAS", r.blas.library.empty()
+                         ? p.na(r.blas.note)
+                         : fmt::format("{}, {} kernels  {}", r.blas.version, r.blas.core, p.paint(r.blas.note, "2")));
 
   out += fmt::format("\n{}\n", p.paint("Python", "1"));
   if (!r.python.found) {

@@ -135,6 +135,10 @@ TEST(Doctor, HealthyH200Passes) {
   EXPECT_FALSE(d.report["libraries"]["cudnn"]["found"]);
   EXPECT_EQ(status(d, "cudnn.runtime"), "SKIP");
   EXPECT_EQ(status(d, "python.torch_version"), "SKIP");
+  // The CPU's BLAS kernels, as the running process has them (not weaker than the CPU: nothing forces them here).
+  ASSERT_TRUE(d.report.contains("blas")) << d.text;
+  EXPECT_EQ(d.report["blas"]["core"].get<std::string>().empty(), false);
+  EXPECT_EQ(status(d, "host.blas_kernels"), "PASS") << message(d, "host.blas_kernels");
 }
 
 TEST(Doctor, Rtx4080DowntrainedLinkFails) {

@@ -121,6 +121,27 @@ Verdict verdict(const DoctorReport& r, const std::string& id) {
   return Verdict::Skip;
 }
 
+TEST(HwChecks, BlasKernelsWeakerThanTheCpuWarn) {
+  DoctorReport r;
+  evaluate_checks(r);
+  for (const auto& c : r.checks) EXPECT_NE(c.id, "host.blas_kernels") << "no BLAS facts given: no check";
+  r.blas = BlasReport{.known = true, .library = "OpenBLAS 0.3.21 DYNAMIC_ARCH", .version = "OpenBLAS 0.3.21",
+                      .loaded_core = "Prescott",
+                      .core = "Cooperlake", .cpu_best = "Cooperlake", .source = "ampforge", .note = "re-selected"};
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Pass);
+  r.blas.core = "Prescott";
+  r.blas.source = "user-env";
+  r.blas.below_cpu = true;
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Warn);
+  for (const auto& c : r.checks)
+    if (c.id == "host.blas_kernels") EXPECT_NE(c.fix.find("OPENBLAS_CORETYPE=Cooperlake"), std::string::npos) << c.fix;
+  r.blas.source = "unavailable";
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Skip);
+}
+
 TEST(HwChecks, PcieLinkUnderLoadAndIdle) {
   EXPECT_EQ(verdict(one_gpu(4, 16, true, std::nullopt), "gpu0.pcie_link"), Verdict::Pass);
   EXPECT_EQ(verdict(one_gpu(3, 16, true, std::nullopt), "gpu0.pcie_link"), Verdict::Fail);

@@ -98,7 +98,8 @@ ModelEntry bert_entry(const std::string& preset, const std::string& description)
   };
   ModelEntry e{preset, "masked_lm", description, bert_defaults(),
                [config](const ModelOptions& o) -> nn::ModulePtr { return std::make_shared<BertForMaskedLM>(config(o)); },
-               {}};
+               {}, {}};
+  e.from_reference_state = [](const nn::NamedTensors& s) { return bert_state_from_hf(s); };
   e.counts = [config] {
     const BertConfig c = config(bert_defaults());
     return std::vector<ParameterCount>{{"BertModel with pooler", BertModel(c, true).num_parameters()},
@@ -112,39 +113,39 @@ ModelEntry bert_entry(const std::string& preset, const std::string& description)
 void register_builtin_models(ModelRegistry& r) {
   const ModelOptions small{};  // 1x28x28, 10 classes (Fashion-MNIST)
   r.add({"cnn", "classification",
-         "small CNN: 2x (conv3x3-BN-ReLU-maxpool), linear 128, linear (Fashion-MNIST baseline)", small, [](const ModelOptions& o) { return small_cnn(o); }, {}});
+         "small CNN: 2x (conv3x3-BN-ReLU-maxpool), linear 128, linear (Fashion-MNIST baseline)", small, [](const ModelOptions& o) { return small_cnn(o); }, {}, {}});
   r.add({"resnet-small", "classification", "small ResNet for 28x28: 3 stages of 2 BasicBlocks (16/32/64 channels)",
-         small, [](const ModelOptions& o) { return small_resnet(o); }, {}});
+         small, [](const ModelOptions& o) { return small_resnet(o); }, {}, {}});
   const ModelOptions in1k = imagenet();
-  r.add({"resnet18", "classification", "ResNet-18 (torchvision): BasicBlocks 2-2-2-2", in1k, build_resnet<r18>, {}});
-  r.add({"resnet34", "classification", "ResNet-34 (torchvision): BasicBlocks 3-4-6-3", in1k, build_resnet<r34>, {}});
+  r.add({"resnet18", "classification", "ResNet-18 (torchvision): BasicBlocks 2-2-2-2", in1k, build_resnet<r18>, {}, {}});
+  r.add({"resnet34", "classification", "ResNet-34 (torchvision): BasicBlocks 3-4-6-3", in1k, build_resnet<r34>, {}, {}});
   r.add({"resnet50", "classification", "ResNet-50 v1.5 (torchvision): Bottlenecks 3-4-6-3", in1k, build_resnet<r50>,
-         {}});
+         {}, {}});
   r.add({"resnet101", "classification", "ResNet-101 v1.5 (torchvision): Bottlenecks 3-4-23-3", in1k,
-         build_resnet<r101>, {}});
+         build_resnet<r101>, {}, {}});
   r.add({"resnet152", "classification", "ResNet-152 v1.5 (torchvision): Bottlenecks 3-8-36-3", in1k,
-         build_resnet<r152>, {}});
+         build_resnet<r152>, {}, {}});
   r.add({"resnext50_32x4d", "classification", "ResNeXt-50 32x4d (torchvision): ResNet-50 with 32 groups of width 4",
-         in1k, build_resnet<resnext50_32x4d>, {}});
+         in1k, build_resnet<resnext50_32x4d>, {}, {}});
   r.add({"resnext101_32x8d", "classification", "ResNeXt-101 32x8d (torchvision): ResNet-101 with 32 groups of width 8",
-         in1k, build_resnet<resnext101_32x8d>, {}});
+         in1k, build_resnet<resnext101_32x8d>, {}, {}});
   r.add({"resnext101_64x4d", "classification", "ResNeXt-101 64x4d (torchvision): ResNet-101 with 64 groups of width 4",
-         in1k, build_resnet<resnext101_64x4d>, {}});
+         in1k, build_resnet<resnext101_64x4d>, {}, {}});
   r.add({"wide_resnet50_2", "classification", "Wide ResNet-50-2 (torchvision): ResNet-50 with 2x wide 3x3 convs",
-         in1k, build_resnet<wide_resnet50_2>, {}});
+         in1k, build_resnet<wide_resnet50_2>, {}, {}});
   r.add({"wide_resnet101_2", "classification", "Wide ResNet-101-2 (torchvision): ResNet-101 with 2x wide 3x3 convs",
-         in1k, build_resnet<wide_resnet101_2>, {}});
+         in1k, build_resnet<wide_resnet101_2>, {}, {}});
   const ModelOptions det = coco();
   r.add({"yolov8n", "detection", "YOLOv8n (Ultralytics): depth 0.33, width 0.25, v8 Detect head (legacy class branch)",
-         det, build_yolov8<'n'>, {}});
+         det, build_yolov8<'n'>, {}, {}});
   r.add({"yolov8s", "detection", "YOLOv8s (Ultralytics): depth 0.33, width 0.50, v8 Detect head (legacy class branch)",
-         det, build_yolov8<'s'>, {}});
+         det, build_yolov8<'s'>, {}, {}});
   r.add({"yolov8m", "detection", "YOLOv8m (Ultralytics): depth 0.67, width 0.75, max 768 channels", det,
-         build_yolov8<'m'>, {}});
+         build_yolov8<'m'>, {}, {}});
   r.add({"yolov8l", "detection", "YOLOv8l (Ultralytics): depth 1.00, width 1.00, max 512 channels", det,
-         build_yolov8<'l'>, {}});
+         build_yolov8<'l'>, {}, {}});
   r.add({"yolov8x", "detection", "YOLOv8x (Ultralytics): depth 1.00, width 1.25, max 512 channels", det,
-         build_yolov8<'x'>, {}});
+         build_yolov8<'x'>, {}, {}});
   r.add(bert_entry("bert-base", "BERT-base masked LM (Hugging Face bert-base-uncased): 12 x 768, 12 heads, tied decoder"));
   r.add(bert_entry("bert-mini", "BERT-Mini masked LM: 4 x 256, 4 heads, intermediate 1024 (HF structure)"));
   r.add(bert_entry("bert-tiny", "BERT-Tiny masked LM: 2 x 128, 2 heads, intermediate 512 (HF structure)"));

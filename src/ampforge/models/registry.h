@@ -42,6 +42,15 @@ struct ModelEntry {
   // Optional: the labelled counts of the default configuration, each computed by building that variant
   // and counting its parameters. Unset: one count, "parameters", of build(defaults).
   std::function<std::vector<ParameterCount>()> counts;
+  // Optional: maps a state dict saved by the reference implementation users download weights from (e.g. a
+  // Hugging Face BERT checkpoint's legacy names and tied duplicates) to this model's names. Unset: the names
+  // already match (torchvision, Ultralytics). Applied by `train --weights`, `models --load`, export and predict.
+  std::function<nn::NamedTensors(const nn::NamedTensors&)> from_reference_state;
+
+  // from_reference_state(state) when set, else state.
+  nn::NamedTensors reference_state(const nn::NamedTensors& state) const {
+    return from_reference_state ? from_reference_state(state) : state;
+  }
 };
 
 class ModelRegistry {

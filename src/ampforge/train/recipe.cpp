@@ -335,11 +335,9 @@ TrainResult train(const TrainConfig& cfg) {
     // fine-tuning; everything else must match by name and shape.
     nn::LoadOptions lopt;
     lopt.strict = false;
-    // BERT: Hugging Face checkpoints' legacy names and tied duplicates are mapped first (models/bert.h).
-    const nn::LoadReport rep = masked_lm ? nn::load_state_dict(*model, models::bert_state_from_hf(
-                                                                           load_safetensors(cfg.weights).tensors),
-                                                               lopt)
-                                         : nn::load_safetensors(*model, cfg.weights, lopt);
+    // The reference implementation's names are mapped first (BERT: Hugging Face's legacy names, tied duplicates).
+    const nn::LoadReport rep =
+        nn::load_state_dict(*model, entry.reference_state(load_safetensors(cfg.weights).tensors), lopt);
     AF_CHECK(!rep.loaded_keys.empty(), "--weights {}: no tensor matches --model {} ({})", cfg.weights, cfg.model,
              rep.str());
     if (cfg.verbose) std::fprintf(stderr, "weights %s: %s\n", cfg.weights.c_str(), rep.str().c_str());

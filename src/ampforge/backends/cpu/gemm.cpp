@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/util/thread_pool.h"
 
 namespace ampforge::cpu {
@@ -58,6 +59,7 @@ template <class T>
 void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, MatRef Ar, MatRef Br, T beta, T* C, int64_t ldc,
                bool parallel) {
   if (M == 0 || N == 0) return;
+  select_blas_kernels();  // once per process, before our first OpenBLAS call (blas_kernels.h)
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
