@@ -178,18 +178,25 @@ const A* images_in(const Tensor& t, bool direct, int64_t n0, int64_t nb, int64_t
   return buf;
 }
 
-// Wm (Co, KH, KW, Cg) in A <- weight (Co, Cg, KH, KW), any strides.
+// Wm (Co, KH, KW, Cg) in A <- weight (Co, Cg, KH, KW), any strides. Runs on every conv call (forward and both
+// backwards), so the strides are read once (Tensor::stride checks its argument: per element, that cost 12% of a
+// ResNet-50 step) and output channels go in parallel.
 template <class S, class A>
-std::vector<A> pack_weight(const Tensor& w) {
+std::unique_ptr<A[]> pack_weight(const Tensor& w) {
   const int64_t Co = w.size(0), Cg = w.size(1), KH = w.size(2), KW = w.size(3);
+  const int64_t s0 = w.stride(0), s1 = w.stride(1), s2 = w.stride(2), s3 = w.stride(3);
   const S* p = static_cast<const S*>(w.data_ptr());
-  std::vector<A> m(static_cast<size_t>(Co * KH * KW * Cg));
-  for (int64_t o = 0; o < Co; ++o)
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        for (int64_t c = 0; c < Cg; ++c)
-          m[((o * KH + kh) * KW + kw) * Cg + c] =
-              convert<A>(p[o * w.stride(0) + c * w.stride(1) + kh * w.stride(2) + kw * w.stride(3)]);
+  std::unique_ptr<A[]> m = scratch<A>(Co * KH * KW * Cg);  // every element written below
+  A* out = m.get();
+  parallel_for(Co, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, KH * KW * Cg)), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const S* src = p + o * s0 + kh * s2 + kw * s3;
+          A* dst = out + ((o * KH + kh) * KW + kw) * Cg;
+          for (int64_t c = 0; c < Cg; ++c) dst[c] = convert<A>(src[c * s1]);
+        }
+  });
   return m;
 }
 
@@ -197,13 +204,17 @@ std::vector<A> pack_weight(const Tensor& w) {
 template <class S, class A>
 void unpack_weight(const A* m, const Tensor& w) {
   const int64_t Co = w.size(0), Cg = w.size(1), KH = w.size(2), KW = w.size(3);
+  const int64_t s0 = w.stride(0), s1 = w.stride(1), s2 = w.stride(2), s3 = w.stride(3);
   S* p = static_cast<S*>(w.data_ptr());
-  for (int64_t o = 0; o < Co; ++o)
-    for (int64_t kh = 0; kh < KH; ++kh)
-      for (int64_t kw = 0; kw < KW; ++kw)
-        for (int64_t c = 0; c < Cg; ++c)
-          p[o * w.stride(0) + c * w.stride(1) + kh * w.stride(2) + kw * w.stride(3)] =
-              convert<S>(m[((o * KH + kh) * KW + kw) * Cg + c]);
+  parallel_for(Co, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, KH * KW * Cg)), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t kh = 0; kh < KH; ++kh)
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const A* src = m + ((o * KH + kh) * KW + kw) * Cg;
+          S* dst = p + o * s0 + kh * s2 + kw * s3;
+          for (int64_t c = 0; c < Cg; ++c) dst[c * s1] = convert<S>(src[c]);
+        }
+  });
 }
 
 // ---- im2col / col2im (NHWC) ---------------------------------------------------------------------
@@ -368,7 +379,7 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
   using A = compute_t<S>;
   const Geom g = make_geom(x.shape(), w.shape(), y.shape(), a);
   if (g.N == 0) return;
-  const std::vector<A> wm = pack_weight<S, A>(w);  // (Co, KH, KW, Cg)
+  const std::unique_ptr<A[]> wm = pack_weight<S, A>(w);  // (Co, KH, KW, Cg)
   std::vector<A> bv;
   if (bias) {
     bv.resize(static_cast<size_t>(g.Co));
@@ -388,7 +399,7 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
           for (int64_t o = o0; o < o1; ++o) std::fill_n(yn + o * g.P, g.P, bv[o]);
         });
       for (int64_t gi = 0; gi < g.G; ++gi)
-        gemm(g.Cog, g.P, g.Cg, MatRef{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1},
+        gemm(g.Cog, g.P, g.Cg, MatRef{wm.get() + gi * g.Cog * g.Kg, g.Kg, 1},
              MatRef{xp + (n * g.C + gi * g.Cg) * g.P, g.P, 1}, beta, yn + gi * g.Cog * g.P, g.P);
     }
     return;
@@ -420,7 +431,7 @@ void conv_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Te
           am = MatRef{col.get(), g.Kg, 1};
         }
         // B (Kg, Cog) = Wm_g^T: element (k, o) at o*Kg + k.
-        gemm(M, g.Cog, g.Kg, am, MatRef{wm.data() + gi * g.Cog * g.Kg, 1, g.Kg}, beta, yout + gi * g.Cog, g.Co);
+        gemm(M, g.Cog, g.Kg, am, MatRef{wm.get() + gi * g.Cog * g.Kg, 1, g.Kg}, beta, yout + gi * g.Cog, g.Co);
       }
       if (!y_direct) stage_to<S, A>(yout, y, n0, nb);
     }
@@ -434,7 +445,7 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
   using A = compute_t<S>;
   const Geom g = make_geom(gx.shape(), w.shape(), gy.shape(), a);
   if (g.N == 0) return;
-  const std::vector<A> wm = pack_weight<S, A>(w);  // (Co, KH, KW, Cg)
+  const std::unique_ptr<A[]> wm = pack_weight<S, A>(w);  // (Co, KH, KW, Cg)
 
   if (nchw_pointwise<S>(g, {&gy, &gx})) {
     // gx[n] (C, HW) = Wm^T (C, Co) @ gy[n] (Co, HW), per group.
@@ -442,7 +453,7 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
     A* gxp = static_cast<A*>(gx.data_ptr());
     for (int64_t n = 0; n < g.N; ++n)
       for (int64_t gi = 0; gi < g.G; ++gi)
-        gemm(g.Cg, g.P, g.Cog, MatRef{wm.data() + gi * g.Cog * g.Kg, 1, g.Kg},
+        gemm(g.Cg, g.P, g.Cog, MatRef{wm.get() + gi * g.Cog * g.Kg, 1, g.Kg},
              MatRef{gyp + (n * g.Co + gi * g.Cog) * g.P, g.P, 1}, A(0), gxp + (n * g.C + gi * g.Cg) * g.P, g.P);
     return;
   }
@@ -462,7 +473,7 @@ void conv_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, co
       A* gxout = gx_direct ? static_cast<A*>(gx.data_ptr()) + n0 * g.H * g.W * g.C : gxbuf.get();  // (nb, H, W, C)
       for (int64_t gi = 0; gi < g.G; ++gi) {
         const MatRef am{gyin + gi * g.Cog, g.Co, 1};              // (M, Cog)
-        const MatRef bm{wm.data() + gi * g.Cog * g.Kg, g.Kg, 1};  // (Cog, Kg)
+        const MatRef bm{wm.get() + gi * g.Cog * g.Kg, g.Kg, 1};  // (Cog, Kg)
         if (g.pointwise) {
           gemm(M, g.Cg, g.Cog, am, bm, A(0), gxout + gi * g.Cg, g.C);  // input pixels = output pixels
         } else {
