@@ -45,7 +45,10 @@ int run_detect(const DetectArgs& a) {
   const int64_t nc = ck.at(bias_key).shape()[0];
   auto model = models::yolov8(a.model[6], nc, 3);
   nn::LoadOptions lo;
-  lo.prefix = bias_key.rfind("model.model.", 0) == 0 ? "model." : "";
+  // A training checkpoint: its weight average when the run kept one (what its mAP was measured on).
+  lo.prefix = bias_key.rfind("model.model.", 0) != 0 ? ""
+              : ck.contains("ema.model.22.cv3.0.2.bias") ? "ema."
+                                                          : "model.";
   nn::load_state_dict(*model, ck.tensors, lo);  // strict: throws listing every mismatch
   model->eval();
   std::vector<std::string> names;

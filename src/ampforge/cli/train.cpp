@@ -55,7 +55,8 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
   sub->add_option("--batch", c.batch_size, "Batch size (per micro-batch with --accumulate)")->capture_default_str();
   sub->add_option("--accumulate", c.accumulate,
-                  "Gradient accumulation: micro-batches per optimizer step (effective batch = batch x N)")
+                  "Gradient accumulation: micro-batches per optimizer step (effective batch = batch x N); 0 auto: "
+                  "detection max(round(nbs / batch), 1) (gradients summed, as Ultralytics), else 1")
       ->capture_default_str();
   sub->add_option("--lr", c.lr, "Learning rate (for --lr-reference-batch images when that is set)")
       ->capture_default_str();
@@ -63,17 +64,40 @@ Command add_train_command(CLI::App& app) {
                   "Scale --lr linearly by (batch x accumulate) / this (e.g. --lr 0.256 --lr-reference-batch 256, "
                   "NVIDIA's ResNet-50 recipe); 0: off")
       ->capture_default_str();
-  sub->add_option("--optimizer", c.optimizer, "adamw | sgd")->capture_default_str();
-  sub->add_option("--weight-decay", c.weight_decay, "Weight decay (default: AdamW 0.01, SGD 0)");
+  sub->add_option("--optimizer", c.optimizer,
+                  "adamw | sgd | auto (detection: Ultralytics' rule, SGD lr 0.01 for runs over 10k iterations, else "
+                  "AdamW lr 0.002*5/(4+classes), ignoring --lr/--momentum; others: adamw)")
+      ->capture_default_str();
+  sub->add_option("--weight-decay", c.weight_decay,
+                  "Weight decay (default: AdamW 0.01, SGD 0; detection 5e-4 x batch x accumulate / nbs on weights)");
   sub->add_flag("--no-decay-bias-norm", c.no_decay_bias_norm,
                 "No weight decay on biases and normalisation weights (a second parameter group)");
   sub->add_option("--label-smoothing", c.label_smoothing, "Cross-entropy label smoothing in [0, 1)")
       ->capture_default_str();
-  sub->add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  sub->add_option("--momentum", c.momentum, "SGD momentum (default: detection 0.937, else 0.9)");
   sub->add_flag("--nesterov", c.nesterov, "SGD with Nesterov momentum");
-  sub->add_option("--schedule", c.schedule, "LR schedule: constant | step | cosine | linear (each after the warm-up)")->capture_default_str();
-  sub->add_option("--warmup", c.warmup_steps, "Linear LR warm-up steps")->capture_default_str();
-  sub->add_option("--clip-grad", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off)")->capture_default_str();
+  sub->add_option("--schedule", c.schedule,
+                  "LR schedule: constant | step | cosine | linear (each after the warm-up) | auto (detection linear, "
+                  "else cosine)")
+      ->capture_default_str();
+  sub->add_option("--lrf", c.lrf, "Linear/cosine decay to lr x this (default: detection 0.01, else 0)");
+  sub->add_option("--warmup", c.warmup_steps,
+                  "Linear LR warm-up steps (default: detection max(warmup-epochs x batches, 100) batches, else 0)");
+  sub->add_option("--warmup-epochs", c.warmup_epochs, "Detection: the default warm-up in epochs")->capture_default_str();
+  sub->add_option("--warmup-bias-lr", c.warmup_bias_lr,
+                  "Detection: the bias group's warm-up starts at this lr (0 with AdamW auto)")
+      ->capture_default_str();
+  sub->add_option("--warmup-momentum", c.warmup_momentum, "Detection with SGD: momentum ramps from this during warm-up")
+      ->capture_default_str();
+  sub->add_option("--nbs", c.nbs, "Detection: nominal batch size (accumulation target, weight-decay scale)")
+      ->capture_default_str();
+  sub->add_option("--ema", c.ema,
+                  "Average the weights (evaluated and saved): on | off | auto (on for detection, as Ultralytics)")
+      ->capture_default_str();
+  sub->add_option("--ema-decay", c.ema_decay, "Weight average: decay x (1 - exp(-updates / tau))")->capture_default_str();
+  sub->add_option("--ema-tau", c.ema_tau, "Weight average: ramp in updates (0: constant decay)")->capture_default_str();
+  sub->add_option("--clip-grad", c.clip_grad_norm, "Clip gradients to this global L2 norm (0: off; default: detection "
+                  "10, else off)");
   sub->add_option("--precision", flags->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
       ->capture_default_str();
   sub->add_flag("--master-weights", c.master_weights, "Keep parameters in 16 bits with F32 master weights (Apex O2)");
@@ -169,6 +193,8 @@ Command add_train_command(CLI::App& app) {
                                   {"stopped_reason", r.stopped_reason},
                                   {"checkpoint", r.checkpoint},
                                   {"host_syncs", r.host_syncs},
+                                  {"ema_updates", r.ema_updates},
+                                  {"config", nlohmann::json::parse(r.config_json.empty() ? "null" : r.config_json)},
                                   {"cuda_graph", {{"nodes", r.graph_nodes},
                                                   {"kernels", r.graph_kernels},
                                                   {"steps", r.graph_steps}}}};

@@ -56,8 +56,14 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
       const std::string saved = f.metadata.count("model") ? f.metadata.at("model") : "";
       AF_CHECK(saved == o.model, "checkpoint '{}' was saved from model '{}', not '{}' (pass --model {})", o.checkpoint,
                saved, o.model, saved);
+      // The weight average when the run kept one (train/ema.h): what its evaluations measured, and what
+      // Ultralytics ships as the model.
+      bool has_ema = false;
+      for (auto& [n, t] : f.tensors) has_ema = has_ema || n.rfind("ema.", 0) == 0;
+      const std::string prefix = has_ema ? "ema." : "model.";
       for (auto& [n, t] : f.tensors)
-        if (n.rfind("model.", 0) == 0) state.emplace_back(n.substr(6), t);
+        if (n.rfind(prefix, 0) == 0) state.emplace_back(n.substr(prefix.size()), t);
+      m.weights = has_ema ? "ema" : "model";
     } else {
       state = m.entry->reference_state(f.tensors);  // e.g. a Hugging Face BERT model.safetensors as downloaded
     }

@@ -31,6 +31,7 @@ struct InferenceModel {
   int64_t seq_len = 128;  // text models
   std::string task;       // text models: "fill-mask" or "feature-extraction"; "" for image models
   int64_t loaded_tensors = 0;
+  std::string weights;  // a training checkpoint's "model" or "ema" (weight average) tensors; "" otherwise
 };
 
 // Throws InvalidArgument with what to do: no checkpoint and no random_init ("untrained model"), a checkpoint

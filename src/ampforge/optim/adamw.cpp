@@ -62,6 +62,12 @@ SGD::SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions opt)
   if (opt.momentum > 0) add_state("momentum_buffer");
 }
 
+void SGD::set_momentum(double m) {
+  AF_CHECK(options.momentum > 0, "SGD::set_momentum: this SGD was built without momentum (no momentum buffer)");
+  AF_CHECK(m > 0 && m < 1, "SGD momentum must be in (0, 1), got {}", m);
+  options.momentum = m;
+}
+
 void SGD::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
   const bool skipped = !device_hyperparams() && found_inf.defined() && found_inf.item() != 0.0;

@@ -38,6 +38,8 @@ class SGD final : public Optimizer {
   SGD(const std::vector<ParamGroupSpec>& groups, SGDOptions opt = {});
   void step(const Tensor& found_inf = Tensor()) override;
   const char* name() const override { return "sgd"; }
+  double momentum() const override { return options.momentum; }
+  void set_momentum(double m) override;
   SGDOptions options;
 };
 

@@ -34,6 +34,8 @@ Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr
     ParamGroup g;
     g.lr = spec.lr >= 0 ? spec.lr : default_lr;
     g.weight_decay = spec.weight_decay >= 0 ? spec.weight_decay : default_wd;
+    g.warmup_start_lr = spec.warmup_start_lr;
+    AF_CHECK(g.warmup_start_lr >= 0, "optimizer: warm-up start lr must be >= 0, got {}", g.warmup_start_lr);
     AF_CHECK(g.lr >= 0, "optimizer: learning rate must be >= 0, got {}", g.lr);
     const DType dt = spec.params[0].dtype();
     const Device dev = spec.params[0].device();
@@ -190,6 +192,10 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
       groups_[i].hyper_lr = groups_[i].lr;
     }
   }
+}
+
+void Optimizer::set_momentum(double) {
+  AF_THROW(InvalidArgument, "{} has no momentum to set (momentum warm-up is for SGD)", name());
 }
 
 double clip_grad_norm_(Optimizer& opt, double max_norm) {

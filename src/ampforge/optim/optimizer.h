@@ -26,6 +26,7 @@ struct ParamGroup {
   std::vector<Tensor> params;
   double lr = 1e-3;
   double weight_decay = 0;
+  double warmup_start_lr = 0;  // where the scheduler's warm-up starts this group's lr (lr_scheduler.h)
   // Flat storage (filled by the optimizer).
   Tensor flat_params;  // parameter dtype: the module's parameters are views into it
   Tensor flat_grads;   // parameter dtype: each parameter's .grad is a view into it
@@ -52,6 +53,7 @@ struct ParamGroupSpec {
   std::vector<Tensor> params;
   double lr = -1;
   double weight_decay = -1;
+  double warmup_start_lr = 0;  // the scheduler's warm-up ramps the lr from here (0: from zero)
 };
 
 class Optimizer {
@@ -90,6 +92,10 @@ class Optimizer {
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   void load_state_dict(const std::vector<std::pair<std::string, Tensor>>& state);
   virtual const char* name() const = 0;
+  // Momentum for optimizers that have one (SGD); -1 otherwise. set_momentum changes it from the next step
+  // (the scheduler's momentum warm-up); optimizers without momentum refuse.
+  virtual double momentum() const { return -1; }
+  virtual void set_momentum(double m);
   // Identity of this optimizer for the GradScaler's per-optimizer bookkeeping.
   uint64_t id() const { return id_; }
 

@@ -15,4 +15,12 @@ namespace ampforge::optim {
 // An empty group is left out. `lr` < 0 keeps the optimizer's default lr for both groups.
 std::vector<ParamGroupSpec> decay_groups(const nn::Module& model, double weight_decay, double lr = -1);
 
+// Ultralytics' three groups (build_optimizer), in its order: {biases: no decay, warm-up from warmup_bias_lr},
+// {other weights: weight_decay}, {normalisation weights: no decay, warm-up from 0}. A bias is a parameter named
+// "*.bias"; a normalisation weight any other parameter of at most one dimension (BatchNorm's weight); frozen
+// parameters (requires_grad false, e.g. YOLOv8's DFL conv) are left out. `weight_decay` is the value to use:
+// Ultralytics scales its 5e-4 by batch x accumulate / nbs (64) before passing it. Empty groups are left out.
+std::vector<ParamGroupSpec> ultralytics_groups(const nn::Module& model, double weight_decay, double warmup_bias_lr,
+                                               double lr = -1);
+
 }  // namespace ampforge::optim

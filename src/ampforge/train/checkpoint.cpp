@@ -41,6 +41,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [n, t] : model.state_dict()) tensors.emplace_back("model." + n, host(t));
   for (auto& [n, t] : opt.state_dict()) tensors.emplace_back("optim." + n, host(t));
+  for (auto& [n, t] : info.ema) tensors.emplace_back("ema." + n, host(t));
   nlohmann::json pos = {{"epoch", info.pos.epoch}, {"batch_in_epoch", info.pos.batch_in_epoch},
                         {"global_step", info.pos.global_step}};
   nlohmann::json rng = {{"seed", std::to_string(info.rng.seed)}, {"offset", std::to_string(info.rng.offset)}};
@@ -52,6 +53,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
                                           {"rng", rng.dump()},
                                           {"scaler", nlohmann::json(info.scaler).dump()},
                                           {"config", info.config_json}};
+  if (!info.ema.empty()) meta["ema_updates"] = std::to_string(info.ema_updates);
   save_safetensors(path, tensors, meta);
 }
 
@@ -82,10 +84,18 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim
     AF_THROW(Io, "checkpoint '{}' has malformed metadata: {}", path, e.what());
   }
   info.config_json = meta.count("config") ? meta.at("config") : "";
+  if (auto it = meta.find("ema_updates"); it != meta.end()) {
+    try {
+      info.ema_updates = std::stoll(it->second);
+    } catch (const std::exception&) {
+      AF_THROW(Io, "checkpoint '{}' has a malformed ema_updates '{}'", path, it->second);
+    }
+  }
   std::vector<std::pair<std::string, Tensor>> model_state, opt_state;
   for (auto& [n, t] : file.tensors) {
     if (n.rfind("model.", 0) == 0) model_state.emplace_back(n.substr(6), t);
     else if (n.rfind("optim.", 0) == 0) opt_state.emplace_back(n.substr(6), t);
+    else if (n.rfind("ema.", 0) == 0) info.ema.emplace_back(n.substr(4), t);
     else AF_THROW(Io, "checkpoint '{}' has an unexpected tensor '{}'", path, n);
   }
   try {

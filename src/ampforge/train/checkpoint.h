@@ -1,5 +1,5 @@
 // Training checkpoints: one safetensors file holding the model ("model.<name>"), the optimizer state
-// ("optim.<name>") and, in its metadata, the position (epoch, step), the RNG state, the GradScaler state
+// ("optim.<name>"), the weight average when the run keeps one ("ema.<name>", train/ema.h) and, in its metadata, the position (epoch, step), the RNG state, the GradScaler state
 // and the config. Python's safetensors / PyTorch can read it (scripts/check_checkpoint.py shows how with
 // only json + numpy). Writes are atomic (core/safetensors.h): a failed save never damages the old file.
 #pragma once
@@ -28,6 +28,10 @@ struct CheckpointInfo {
   PhiloxState rng;
   std::map<std::string, double> scaler;  // empty without a scaler
   std::string config_json;
+  // The weight average (train/ema.h) as a complete state dict, saved as "ema.<name>" with its update count;
+  // empty without one. Export, predict and detect load it instead of "model.*" when it is there.
+  nn::NamedTensors ema;
+  int64_t ema_updates = 0;
 };
 
 // Throws Io naming the path and the reason when a checkpoint could not be written there (missing or

@@ -39,7 +39,21 @@ namespace {
 void validate(const TrainConfig& c) {
   AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
-  AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", c.optimizer);
+  AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd" || c.optimizer == "auto",
+           "--optimizer must be adamw, sgd or auto, got '{}'", c.optimizer);
+  AF_CHECK(c.accumulate >= 0, "--accumulate must be >= 1 (0: auto), got {}", c.accumulate);
+  AF_CHECK(c.nbs >= 1, "--nbs must be >= 1, got {}", c.nbs);
+  AF_CHECK(c.warmup_epochs >= 0 && std::isfinite(c.warmup_epochs), "--warmup-epochs must be >= 0, got {}",
+           c.warmup_epochs);
+  AF_CHECK(c.warmup_bias_lr >= 0 && std::isfinite(c.warmup_bias_lr), "--warmup-bias-lr must be >= 0, got {}",
+           c.warmup_bias_lr);
+  AF_CHECK(c.warmup_momentum >= 0 && c.warmup_momentum < 1, "--warmup-momentum must be in [0, 1), got {}",
+           c.warmup_momentum);
+  AF_CHECK(c.lrf < 0 || c.lrf <= 1, "--lrf must be in [0, 1], got {}", c.lrf);
+  AF_CHECK(c.momentum < 0 || c.momentum < 1, "--momentum must be in [0, 1), got {}", c.momentum);
+  AF_CHECK(c.ema == "on" || c.ema == "off" || c.ema == "auto", "--ema must be on, off or auto, got '{}'", c.ema);
+  AF_CHECK(c.ema_decay >= 0 && c.ema_decay < 1, "--ema-decay must be in [0, 1), got {}", c.ema_decay);
+  AF_CHECK(c.ema_tau >= 0, "--ema-tau must be >= 0, got {}", c.ema_tau);
   AF_CHECK(c.dataset == "fashion-mnist" || c.dataset == "mnist" || c.dataset == "synthetic" ||
                c.dataset == "image-folder" || c.dataset == "detection" || c.dataset == "text",
            "--dataset must be fashion-mnist, mnist, image-folder, synthetic, text or detection, got '{}'", c.dataset);
@@ -64,8 +78,7 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
   AF_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing must be in [0, 1), got {}",
            c.label_smoothing);
-  AF_CHECK(c.warmup_steps >= 0, "--warmup must be >= 0, got {}", c.warmup_steps);
-  optim::schedule_from_string(c.schedule);
+  if (c.schedule != "auto") optim::schedule_from_string(c.schedule);
   nan_policy_from_string(c.nan_policy);
 }
 
@@ -89,7 +102,10 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"precision", prec}, {"master_weights", c.master_weights},
           {"stochastic_rounding", c.stochastic_rounding},
           {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs},
-          {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len}};
+          {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len},
+          {"momentum", c.momentum}, {"nesterov", c.nesterov}, {"clip_grad_norm", c.clip_grad_norm}, {"lrf", c.lrf},
+          {"nbs", c.nbs}, {"warmup_bias_lr", c.warmup_bias_lr}, {"warmup_momentum", c.warmup_momentum},
+          {"ema", c.ema}, {"ema_decay", c.ema_decay}, {"ema_tau", c.ema_tau}};
 }
 
 struct Datasets {
@@ -249,19 +265,77 @@ TextSetup make_text_setup(const TrainConfig& cfg, int64_t max_positions) {
 
 }  // namespace
 
+TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
+                         int64_t classes) {
+  TrainConfig c = cfg;
+  const bool det = task == "detection";
+  if (c.accumulate == 0)
+    c.accumulate = det ? std::max<int64_t>(std::llround(static_cast<double>(c.nbs) / static_cast<double>(c.batch_size)), 1)
+                       : 1;
+  if (c.schedule == "auto") c.schedule = det ? "linear" : "cosine";
+  if (c.lrf < 0) c.lrf = det ? 0.01 : 0.0;
+  if (c.clip_grad_norm < 0) c.clip_grad_norm = det ? 10.0 : 0.0;
+  if (c.ema == "auto") c.ema = det ? "on" : "off";
+  if (c.momentum < 0) c.momentum = det ? 0.937 : 0.9;
+  if (det && c.weight_decay < 0) c.weight_decay = 5e-4;
+  if (c.optimizer == "auto") {
+    if (det) {
+      // Ultralytics 8.x build_optimizer(name="auto"): iterations of max(batch, nbs) images over the run.
+      const int64_t per = std::max(c.batch_size, c.nbs);
+      const int64_t iterations = (examples + per - 1) / per * c.epochs;
+      if (iterations > 10000) {
+        c.optimizer = "sgd";
+        c.lr = 0.01;
+        c.nesterov = true;
+      } else {
+        c.optimizer = "adamw";
+        c.lr = std::round(0.002 * 5.0 / (4.0 + static_cast<double>(classes)) * 1e6) / 1e6;
+        c.warmup_bias_lr = 0;  // Ultralytics: no bias warm-up with AdamW auto
+      }
+      c.lr_reference_batch = 0;
+    } else {
+      c.optimizer = "adamw";
+    }
+  }
+  if (c.warmup_steps < 0) {
+    if (det) {
+      // Ultralytics: nw = max(round(warmup_epochs x batches per epoch), 100) batches, here in optimizer steps; a
+      // run shorter than that warms up over all but its last step.
+      const int64_t nw = std::max<int64_t>(std::llround(c.warmup_epochs * static_cast<double>(batches_per_epoch)), 100);
+      const int64_t steps = (nw + c.accumulate - 1) / c.accumulate;
+      const int64_t total = (batches_per_epoch + c.accumulate - 1) / c.accumulate * c.epochs;
+      c.warmup_steps = std::max<int64_t>(0, std::min(steps, total - 1));
+    } else {
+      c.warmup_steps = 0;
+    }
+  }
+  return c;
+}
+
 double effective_lr(const TrainConfig& c) {
   if (c.lr_reference_batch <= 0) return c.lr;
   return c.lr * static_cast<double>(c.batch_size * c.accumulate) / static_cast<double>(c.lr_reference_batch);
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Module& model) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& given, nn::Module& model) {
+  // Values still "auto" (callers that run steps without a data set: memory fit, tests) are decided for a nominal
+  // data set of one batch; train() passes a config it resolved against the real data set.
+  const models::ModelEntry* entry = models::model_registry().find(given.model);
+  const TrainConfig cfg = resolve_auto(given, entry ? entry->task : "classification", given.batch_size, 1,
+                                       entry ? entry->defaults.num_classes : 10);
   const double lr = effective_lr(cfg);
   const bool adamw = cfg.optimizer == "adamw";
-  AF_CHECK(adamw || cfg.optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", cfg.optimizer);
+  AF_CHECK(adamw || cfg.optimizer == "sgd", "--optimizer must be adamw or sgd here (auto is decided by train()), got "
+           "'{}'", cfg.optimizer);
   const double wd = cfg.weight_decay >= 0 ? cfg.weight_decay : adamw ? optim::AdamWOptions{}.weight_decay
                                                                      : optim::SGDOptions{}.weight_decay;
   std::vector<optim::ParamGroupSpec> groups;
-  if (cfg.no_decay_bias_norm) {
+  if (entry && entry->task == "detection") {
+    // Ultralytics' three groups; the decay scaled to the nominal batch: wd x batch x accumulate / nbs.
+    groups = optim::ultralytics_groups(model, wd * static_cast<double>(cfg.batch_size * cfg.accumulate) /
+                                                  static_cast<double>(cfg.nbs),
+                                       cfg.warmup_bias_lr);
+  } else if (cfg.no_decay_bias_norm) {
     groups = optim::decay_groups(model, wd);
   } else {
     optim::ParamGroupSpec all;
@@ -290,22 +364,25 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
   return std::make_unique<optim::SGD>(groups, o);
 }
 
-TrainResult train(const TrainConfig& cfg) {
-  validate(cfg);
+TrainResult train(const TrainConfig& given) {
+  validate(given);
   TrainerOptions to;
-  to.device = parse_device(cfg.device);
-  if (cfg.threads > 0) set_num_threads(cfg.threads);
-  manual_seed(cfg.seed);
+  to.device = parse_device(given.device);
+  if (given.threads > 0) set_num_threads(given.threads);
+  manual_seed(given.seed);
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
-  const models::ModelEntry& entry = models::model_registry().at(cfg.model);
+  const models::ModelEntry& entry = models::model_registry().at(given.model);
   const bool masked_lm = entry.task == "masked_lm";
-  AF_CHECK(!masked_lm || cfg.dataset == "text" || cfg.dataset == "synthetic", "--model {} is a masked language "
-           "model: use --dataset text --corpus wordnet|FILE (or --dataset synthetic)", cfg.model);
-  AF_CHECK(masked_lm || cfg.dataset != "text", "--dataset text needs a masked language model (--model bert-mini, ...)");
+  AF_CHECK(!masked_lm || given.dataset == "text" || given.dataset == "synthetic", "--model {} is a masked language "
+           "model: use --dataset text --corpus wordnet|FILE (or --dataset synthetic)", given.model);
+  AF_CHECK(masked_lm || given.dataset != "text", "--dataset text needs a masked language model (--model bert-mini, ...)");
   std::optional<TextSetup> text;
-  if (masked_lm) text = make_text_setup(cfg, models::bert_config(cfg.model).max_position_embeddings);
-  const Datasets ds = masked_lm ? text->data : make_datasets(cfg, entry.defaults.in_channels);
+  if (masked_lm) text = make_text_setup(given, models::bert_config(given.model).max_position_embeddings);
+  const Datasets ds = masked_lm ? text->data : make_datasets(given, entry.defaults.in_channels);
 
+  // Every "auto" value decided, now that the data set is known; `cfg` is what the run uses (and records).
+  const int64_t batches_per_epoch = (ds.train->size() + given.batch_size - 1) / given.batch_size;
+  const TrainConfig cfg = resolve_auto(given, entry.task, ds.train->size(), batches_per_epoch, ds.train->num_classes());
   const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch_size;
@@ -365,6 +442,20 @@ TrainResult train(const TrainConfig& cfg) {
   to.nan_policy = nan_policy_from_string(cfg.nan_policy);
   to.schedule.kind = optim::schedule_from_string(cfg.schedule);
   to.schedule.warmup_steps = cfg.warmup_steps;
+  to.schedule.final_factor = cfg.lrf;
+  const bool detection = entry.task == "detection";
+  // Ultralytics: momentum warm-up (SGD), gradients of the accumulated batches summed, not averaged.
+  if (detection && cfg.optimizer == "sgd" && cfg.warmup_steps > 0) to.schedule.warmup_momentum = cfg.warmup_momentum;
+  to.accumulate_sum = detection;
+  to.ema = EmaOptions{cfg.ema == "on", cfg.ema_decay, cfg.ema_tau};
+  if (detection && cfg.verbose)
+    std::fprintf(stderr, "recipe (Ultralytics 8.x defaults unless given): %s lr %g%s, weight decay %g x %lld / %lld, "
+                 "%s schedule to lr x %g, warm-up %lld steps (bias lr from %g%s), accumulate %lld (summed), clip %g, "
+                 "EMA %s\n", cfg.optimizer.c_str(), effective_lr(cfg), cfg.nesterov ? " nesterov" : "", cfg.weight_decay,
+                 static_cast<long long>(cfg.batch_size * cfg.accumulate), static_cast<long long>(cfg.nbs),
+                 cfg.schedule.c_str(), cfg.lrf, static_cast<long long>(cfg.warmup_steps), cfg.warmup_bias_lr,
+                 to.schedule.warmup_momentum >= 0 ? fmt::format(", momentum from {}", cfg.warmup_momentum).c_str() : "",
+                 static_cast<long long>(cfg.accumulate), cfg.clip_grad_norm, cfg.ema.c_str());
   to.loader = lo;
   if (to_eval_batch_cap > 0) elo.batch_size = std::min(elo.batch_size, to_eval_batch_cap);
   to.eval_loader = elo;

@@ -33,20 +33,35 @@ struct TrainConfig {
   std::string weights;                     // initialise the model from this safetensors file, by name
   int64_t epochs = 5;
   int64_t batch_size = 128;
-  int64_t accumulate = 1;                  // micro-batches per optimizer step
+  // "auto" values: detection models (YOLOv8) get Ultralytics 8.x's recipe (ultralytics/cfg/default.yaml and
+  // engine/trainer.py: ../shared specs MODELS.md A.6), every other model the plain one noted beside each field.
+  int64_t accumulate = 0;                  // micro-batches per optimizer step; 0 auto: detection
+                                           // max(round(nbs / batch), 1) with summed gradients, else 1
   double lr = 1e-3;
   // > 0: `lr` is the rate for this batch size and the run uses lr x (batch x accumulate) / reference,
   // the linear scaling rule (NVIDIA's ResNet-50 recipe: 0.256 per 256 images).
   int64_t lr_reference_batch = 0;
-  std::string optimizer = "adamw";         // adamw | sgd
-  double weight_decay = -1;                // < 0: the optimizer's default (AdamW 1e-2, SGD 0)
+  // adamw | sgd | auto: detection as Ultralytics' optimizer=auto (SGD lr 0.01 nesterov when the run has more
+  // than 10,000 iterations of max(batch, nbs) images, else AdamW with lr round(0.002 * 5 / (4 + classes), 6),
+  // ignoring --lr and --momentum, as Ultralytics does); other models: adamw.
+  std::string optimizer = "auto";
+  double weight_decay = -1;                // < 0: the optimizer's default (AdamW 1e-2, SGD 0); detection 5e-4,
+                                           // scaled by batch x accumulate / nbs on the decayed group
   bool no_decay_bias_norm = false;         // no weight decay on biases and norm weights (optim/param_groups.h)
-  double momentum = 0.9;                   // SGD
+  double momentum = -1;                    // SGD; < 0 auto: detection 0.937, else 0.9
   bool nesterov = false;
-  std::string schedule = "cosine";         // constant | step | cosine | linear
-  int64_t warmup_steps = 0;
+  std::string schedule = "auto";           // constant | step | cosine | linear | auto (detection linear, else cosine)
+  int64_t warmup_steps = -1;               // < 0 auto: detection max(round(warmup_epochs x batches), 100)
+                                           // batches (in optimizer steps), else 0
+  double warmup_epochs = 3.0;              // detection's auto warm-up (Ultralytics' warmup_epochs)
+  double warmup_bias_lr = 0.1;             // detection: the bias group's warm-up starts here (0 with AdamW auto)
+  double warmup_momentum = 0.8;            // detection with SGD: momentum ramps from here to --momentum
+  double lrf = -1;                         // final lr = lr x lrf (linear/cosine); < 0 auto: detection 0.01, else 0
+  int64_t nbs = 64;                        // detection: nominal batch (accumulation target, weight-decay scale)
+  std::string ema = "auto";                // weight average (train/ema.h): on | off | auto (on for detection)
+  double ema_decay = 0.9999, ema_tau = 2000;
   double label_smoothing = 0;              // classification loss
-  double clip_grad_norm = 0;               // 0: off
+  double clip_grad_norm = -1;              // 0: off; < 0 auto: detection 10 (Ultralytics), else off
   int threads = 0;                         // 0: all cores
   int workers = 1;                         // data-loader threads
   uint64_t seed = 0;
@@ -83,6 +98,11 @@ struct TrainConfig {
 
 // Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.
 TrainResult train(const TrainConfig& cfg);
+
+// The config with every "auto" value decided (see the fields) for a training split of `examples` examples in
+// `batches_per_epoch` batches with `classes` classes, for a model of `task` ("detection", ...).
+TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
+                         int64_t classes);
 
 // The learning rate the run uses (lr, or lr scaled by the batch when lr_reference_batch > 0).
 double effective_lr(const TrainConfig& cfg);

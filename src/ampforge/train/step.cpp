@@ -63,7 +63,7 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
       loss_sum_t = loss_sum_t.defined() ? ops::add(loss_sum_t, lt) : lt;
     }
     profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
-    Tensor scaled = micro.size() > 1 ? mul(loss, inv_count) : loss;
+    Tensor scaled = micro.size() > 1 && !o.sum_micro_batches ? mul(loss, inv_count) : loss;
     scaler.scale(scaled).backward();
   }
   {

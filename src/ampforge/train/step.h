@@ -5,6 +5,9 @@
 // A step covers one or more micro-batches (gradient accumulation): the task's loss of each micro-batch is
 // divided by their number, so the accumulated gradient is the gradient of the mean loss, as a single
 // batch of the combined size would give (exactly so for losses that are means over equal-sized batches).
+// With sum_micro_batches the losses are not divided: the gradients of the micro-batches add up, as
+// Ultralytics accumulates (its loss is already multiplied by the batch size). The reported loss is the mean
+// either way.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,7 @@ struct StepOptions {
   // clipping keeps its norm on the device. Needs an optimizer with device hyperparameters when a
   // GradScaler is enabled or the loss can be non-finite.
   bool read_loss = true;
+  bool sum_micro_batches = false;  // accumulate the micro-batches' gradients without dividing (see above)
 };
 
 struct StepResult {

@@ -81,9 +81,13 @@ void validate(const TrainerOptions& o) {
 }
 
 // One evaluation pass: eval mode, no graph, the run's autocast; the task's evaluator keeps the sums.
-tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& loader, DType precision) {
+// With a weight average, the pass runs on the averaged weights (the model's own come back afterwards).
+tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& loader, DType precision,
+                        const ModelEma* ema) {
   profiler::Range eval_range("eval", profiler::RangeKind::Phase);
   autograd::NoGradGuard ng;
+  std::optional<ModelEma::Applied> averaged;
+  if (ema) averaged.emplace(ema->apply_to(model));
   model.eval();
   loader.start_epoch(0);
   std::unique_ptr<tasks::Evaluator> ev = task.evaluator();
@@ -173,10 +177,20 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.primary_metric = task.primary_metric();
   r.parameters = model.num_parameters();
 
+  std::optional<ModelEma> ema;
+  if (o_.ema.enabled) ema.emplace(model, o_.ema);
   CheckpointPosition pos;
   if (!o_.resume.empty()) {
     CheckpointInfo info = load_checkpoint(o_.resume, model, opt, label);
     pos = info.pos;
+    if (ema && !info.ema.empty()) {
+      ema->load(info.ema, info.ema_updates);
+    } else if (ema) {
+      ema.emplace(model, o_.ema);  // from the resumed weights
+      if (o_.verbose) log(LogLevel::Warn, "'{}' has no weight average: the average starts from its weights", o_.resume);
+    } else if (!info.ema.empty() && o_.verbose) {
+      log(LogLevel::Warn, "'{}' has a weight average, which this run (no EMA) drops", o_.resume);
+    }
     default_generator().set_state(info.rng);
     if (scaler.is_enabled() && !info.scaler.empty()) scaler.load_state_dict(info.scaler);
     if (o_.verbose)
@@ -191,6 +205,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     info.rng = default_generator().state();
     info.scaler = scaler.state_dict();
     info.config_json = o_.config_json;
+    if (ema) {
+      info.ema = ema->full_state_dict(model);
+      info.ema_updates = ema->updates();
+    }
     save_checkpoint(o_.save, model, opt, info);
     r.checkpoint = o_.save;
   };
@@ -206,6 +224,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   StepOptions step_opts;
   step_opts.precision = o_.precision;
   step_opts.clip_grad_norm = o_.clip_grad_norm;
+  step_opts.sum_micro_batches = o_.accumulate_sum;
   step_opts.schedule = &sched;
   // CUDA: the step keeps every decision on the device (no synchronisation), losses are read in blocks.
   step_opts.read_loss = !on_cuda;
@@ -277,6 +296,8 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                                pos.global_step - first_step_of_run >= StepGraph::kWarmupSteps && graph.fits(micro);
         const Tensor loss = graphable ? graph.run(model, task, opt, scaler, micro, step_opts)
                                       : train_step(model, task, opt, scaler, micro, step_opts).loss_tensor;
+        // After every optimizer step, skipped ones too (the skip is the device's decision), as Ultralytics.
+        if (ema) ema->update(model);
         if (dev_losses->add(loss) && !take_device_losses()) {
           r.stopped_reason = nan.reason();
           ++pos.global_step;
@@ -294,6 +315,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
         } else if (!sr.stepped) {
           ++r.overflow_events;
         }
+        if (ema && sr.backward_ran) ema->update(model);
         r.losses.push_back(sr.loss);
         last_loss = sr.loss;
       }
@@ -330,7 +352,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     }
     std::string eval_text;
     if (eval_loader) {
-      r.eval = evaluate(model, task, *eval_loader, o_.precision);
+      r.eval = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
       r.epoch_eval.push_back(r.eval);
       r.epoch_accuracy.push_back(metric_or_zero(r.eval, "accuracy"));
       for (const tasks::Metric& m : r.eval)
@@ -345,7 +367,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // Stopped by --max-steps before an epoch ended: evaluate once so the summary has the metrics. After
   // Ctrl-C the user wants out, and after a non-finite loss the model is not worth evaluating.
   if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader)
-    r.eval = evaluate(model, task, *eval_loader, o_.precision);
+    r.eval = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
   r.test_accuracy = metric_or_zero(r.eval, "accuracy");
   r.test_loss = metric_or_zero(r.eval, "loss");
   if (prof) {
@@ -356,6 +378,8 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.graph_nodes = graph.nodes();
   r.graph_kernels = graph.kernels();
   r.graph_steps = graph.replays();
+  r.ema_updates = ema ? ema->updates() : 0;
+  r.config_json = o_.config_json;
   r.steps = static_cast<int64_t>(r.losses.size());
   r.train_seconds = train_seconds;
   r.train_samples_per_sec = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;

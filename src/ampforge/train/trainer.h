@@ -25,6 +25,7 @@
 #include "ampforge/optim/optimizer.h"
 #include "ampforge/profiler/profile_data.h"
 #include "ampforge/tasks/task.h"
+#include "ampforge/train/ema.h"
 #include "ampforge/train/nan_policy.h"
 
 namespace ampforge::train {
@@ -33,6 +34,7 @@ struct TrainerOptions {
   int64_t epochs = 1;
   int64_t max_steps = -1;       // stop after this many optimizer steps (counting from 0); -1: no limit
   int64_t accumulate = 1;       // micro-batches per optimizer step (gradient accumulation)
+  bool accumulate_sum = false;  // add the micro-batches' gradients instead of averaging them (train/step.h)
   DType precision = DType::F32;  // F32 | F16 | BF16 (autocast; F16 adds a GradScaler)
   bool master_weights = false;   // parameters in `precision` with F32 masters in the optimizer (Apex O2)
   double clip_grad_norm = 0;     // 0: off
@@ -58,6 +60,9 @@ struct TrainerOptions {
   bool profile = false;              // collect a profile (TrainResult::profile)
   std::string profile_steps;         // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
   std::string trace;                 // write a Chrome trace here (implies profile)
+  // An average of the weights (train/ema.h), updated after every optimizer step; evaluation runs on it and
+  // checkpoints keep it. Off by default (the detection recipe turns it on, as Ultralytics does).
+  EmaOptions ema{};
 };
 
 struct TrainResult {
@@ -82,6 +87,8 @@ struct TrainResult {
   // CUDA graphs: operations in the captured step (each an eager launch without graphs; kernels among
   // them) and the steps replayed (one graph launch each).
   int64_t graph_nodes = 0, graph_kernels = 0, graph_steps = 0;
+  int64_t ema_updates = 0;  // updates of the weight average (0: no average kept); eval then used it
+  std::string config_json;  // TrainerOptions::config_json (what `ampforge train` resolved)
   // CUDA: host synchronisations during training (cuda::host_sync_count()).
   int64_t host_syncs = 0;
   bool interrupted = false;

@@ -2,15 +2,21 @@
 // accumulation, parameter groups, label smoothing and schedules, and the classification task's metrics.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/core/safetensors.h"
+#include "ampforge/models/models.h"
 #include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/optim/param_groups.h"
 #include "ampforge/tasks/classification.h"
+#include "ampforge/train/recipe.h"
 #include "ampforge/train/trainer.h"
 
 using namespace ampforge;
@@ -249,4 +255,163 @@ TEST(LRSchedule, LinearWarmupThenLinearDecayToZero) {
   so.total_steps = 2;
   EXPECT_THROW(optim::LRScheduler(opt, so), Error);
   EXPECT_EQ(optim::schedule_from_string("linear"), optim::Schedule::Linear);
+}
+
+TEST(LRSchedule, WarmupStartsEachGroupAtItsOwnLrAndRampsMomentum) {
+  // Ultralytics' warm-up: the bias group from 0.1 down to its lr, the others from 0 up; SGD momentum 0.8 -> 0.937.
+  auto b = ops::zeros({2}), w = ops::zeros({2});
+  b.requires_grad_(true);
+  w.requires_grad_(true);
+  optim::SGD opt({{{b}, 0.01, 0, 0.1}, {{w}, 0.01, 5e-4, 0}}, {.lr = 0.01, .momentum = 0.937, .nesterov = true});
+  optim::ScheduleOptions so;
+  so.kind = optim::Schedule::Linear;
+  so.total_steps = 14;
+  so.warmup_steps = 4;
+  so.final_factor = 0.01;
+  so.warmup_momentum = 0.8;
+  optim::LRScheduler s(opt, so);
+  s.apply(0);  // ramp 1/4
+  EXPECT_NEAR(opt.param_groups()[0].lr, 0.1 + (0.01 - 0.1) * 0.25, 1e-15);
+  EXPECT_NEAR(opt.param_groups()[1].lr, 0.01 * 0.25, 1e-15);
+  EXPECT_NEAR(opt.momentum(), 0.8 + (0.937 - 0.8) * 0.25, 1e-15);
+  s.apply(4);  // warm-up over: both groups on the schedule, momentum at its own value
+  EXPECT_NEAR(opt.param_groups()[0].lr, 0.01, 1e-15);
+  EXPECT_NEAR(opt.param_groups()[1].lr, 0.01, 1e-15);
+  EXPECT_NEAR(opt.momentum(), 0.937, 1e-15);
+  s.apply(14);  // the end of a linear decay to lrf
+  EXPECT_NEAR(opt.param_groups()[1].lr, 0.01 * 0.01, 1e-15);
+  // Momentum warm-up needs momentum; AdamW has none.
+  optim::AdamW adam(std::vector<Tensor>{w}, {});
+  EXPECT_THROW(optim::LRScheduler(adam, so), Error);
+}
+
+TEST(ParamGroups, UltralyticsGroupsOfYolov8nAreTheirCounts) {
+  // Ultralytics logs for YOLOv8n: "57 weight(decay=0.0), 64 weight(decay=0.0005), 63 bias(decay=0.0)".
+  auto m = models::create("yolov8n");
+  const auto g = optim::ultralytics_groups(*m, 5e-4, 0.1);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].params.size(), 63u) << "biases";
+  // Ultralytics counts the frozen DFL conv among its 64 (it never gets a gradient); here it stays out.
+  EXPECT_EQ(g[1].params.size(), 63u) << "weights with decay";
+  EXPECT_EQ(g[2].params.size(), 57u) << "BatchNorm weights";
+  EXPECT_EQ(g[0].weight_decay, 0.0);
+  EXPECT_EQ(g[0].warmup_start_lr, 0.1);
+  EXPECT_EQ(g[1].weight_decay, 5e-4);
+  EXPECT_EQ(g[2].weight_decay, 0.0);
+  EXPECT_EQ(g[2].warmup_start_lr, 0.0);
+  for (const auto& grp : g)
+    for (const Tensor& p : grp.params) EXPECT_TRUE(p.requires_grad()) << "the frozen DFL conv stays out";
+}
+
+TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
+  train::TrainConfig c;
+  c.model = "yolov8n";
+  c.dataset = "detection";
+  c.batch_size = 16;
+  c.epochs = 3;
+  // 2000 images: ceil(2000 / 64) x 3 = 96 iterations <= 10,000 -> AdamW, lr round(0.002 * 5 / (4 + 10), 6).
+  train::TrainConfig r = train::resolve_auto(c, "detection", 2000, 125, 10);
+  EXPECT_EQ(r.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(r.lr, 0.000714);
+  EXPECT_EQ(r.warmup_bias_lr, 0.0);
+  EXPECT_EQ(r.accumulate, 4);  // round(64 / 16)
+  // nw = max(round(3 x 125), 100) = 375 batches = 94 steps of 4, within the run's 32 x 3 = 96 steps.
+  EXPECT_EQ(r.warmup_steps, 94);
+  EXPECT_EQ(r.schedule, "linear");
+  EXPECT_DOUBLE_EQ(r.lrf, 0.01);
+  EXPECT_DOUBLE_EQ(r.clip_grad_norm, 10.0);
+  EXPECT_EQ(r.ema, "on");
+  EXPECT_DOUBLE_EQ(r.momentum, 0.937);
+  EXPECT_DOUBLE_EQ(r.weight_decay, 5e-4);
+  // COCO-sized: 118,287 images x 100 epochs -> SGD lr 0.01 nesterov; 80 classes would give AdamW 0.000119.
+  r = train::resolve_auto(c, "detection", 118287, 7393, 80);
+  EXPECT_EQ(r.optimizer, "adamw") << "3 epochs of COCO: 5,547 iterations";
+  EXPECT_DOUBLE_EQ(r.lr, 0.000119);
+  c.epochs = 100;
+  r = train::resolve_auto(c, "detection", 118287, 7393, 80);
+  EXPECT_EQ(r.optimizer, "sgd");
+  EXPECT_DOUBLE_EQ(r.lr, 0.01);
+  EXPECT_TRUE(r.nesterov);
+  EXPECT_DOUBLE_EQ(r.warmup_bias_lr, 0.1);
+  // Given values are kept; other tasks get the plain defaults.
+  c.optimizer = "sgd";
+  c.lr = 0.02;
+  c.accumulate = 1;
+  c.ema = "off";
+  r = train::resolve_auto(c, "detection", 2000, 125, 10);
+  EXPECT_EQ(r.optimizer, "sgd");
+  EXPECT_DOUBLE_EQ(r.lr, 0.02);
+  EXPECT_EQ(r.accumulate, 1);
+  EXPECT_EQ(r.ema, "off");
+  train::TrainConfig plain;
+  r = train::resolve_auto(plain, "classification", 60000, 469, 10);
+  EXPECT_EQ(r.optimizer, "adamw");
+  EXPECT_EQ(r.accumulate, 1);
+  EXPECT_EQ(r.schedule, "cosine");
+  EXPECT_EQ(r.ema, "off");
+  EXPECT_EQ(r.warmup_steps, 0);
+  EXPECT_DOUBLE_EQ(r.clip_grad_norm, 0.0);
+  EXPECT_DOUBLE_EQ(r.lrf, 0.0);
+}
+
+TEST(TrainerApi, SummedAccumulationAddsTheMicroBatchGradients) {
+  // Ultralytics' accumulation: the micro-batches' gradients add up. With SGD (no momentum, no decay) the first
+  // step's update is lr x gradient, so summing 2 micro-batches moves the weights twice as far as averaging them.
+  auto run = [](bool sum) {
+    manual_seed(4);
+    auto model = std::make_shared<Mlp>();
+    const Tensor before = ops::clone(model->fc2->weight).detach();
+    train::TrainerOptions o = quiet_options();
+    o.loader.batch_size = 16;
+    o.loader.shuffle = false;
+    o.accumulate = 2;
+    o.accumulate_sum = sum;
+    o.max_steps = 1;
+    train::Trainer t(model, std::make_shared<tasks::ClassificationTask>(),
+                     [](nn::Module& m) { return std::make_unique<optim::SGD>(m.parameters(), optim::SGDOptions{.lr = 0.1}); },
+                     o);
+    t.fit(std::make_shared<PointsDataset>(64, 5), nullptr);
+    return ops::sub(model->fc2->weight.detach(), before).tolist<float>();
+  };
+  const std::vector<float> mean = run(false), sum = run(true);
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < mean.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(sum[i]) - 2.0 * mean[i]));
+    largest = std::max(largest, std::abs(static_cast<double>(mean[i])));
+  }
+  EXPECT_GT(largest, 1e-4) << "the step moved the weights";
+  EXPECT_LE(worst, 1e-3 * largest) << "summed: twice the averaged step (up to the weights' F32 rounding)";
+}
+
+TEST(TrainerApi, WeightAverageIsEvaluatedSavedAndResumed) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ampforge_ema_" + std::to_string(::getpid()) + ".safetensors")).string();
+  auto options = [&](int64_t steps) {
+    train::TrainerOptions o = quiet_options();
+    o.max_steps = steps;
+    o.ema = {true, 0.9, 0};  // constant decay: easy to follow
+    o.save = path;
+    return o;
+  };
+  manual_seed(6);
+  auto model = std::make_shared<Mlp>();
+  train::Trainer first(model, std::make_shared<BrierTask>(), adamw(1e-2), options(3));
+  const train::TrainResult r1 = first.fit(std::make_shared<PointsDataset>(256, 7), std::make_shared<PointsDataset>(64, 8));
+  EXPECT_EQ(r1.ema_updates, 3);
+  const SafetensorsFile f = load_safetensors(path);
+  EXPECT_EQ(f.metadata.at("ema_updates"), "3");
+  ASSERT_TRUE(f.contains("ema.fc2.weight"));
+  ASSERT_TRUE(f.contains("model.fc2.weight"));
+  const std::vector<float> avg = f.at("ema.fc2.weight").tolist<float>(), cur = f.at("model.fc2.weight").tolist<float>();
+  double diff = 0;
+  for (size_t i = 0; i < avg.size(); ++i) diff = std::max(diff, std::abs(static_cast<double>(avg[i]) - cur[i]));
+  EXPECT_GT(diff, 0.0) << "the average lags the weights";
+  // Resumed: the average comes back and keeps counting.
+  auto again = std::make_shared<Mlp>();
+  train::TrainerOptions o = options(5);
+  o.resume = path;
+  train::Trainer second(again, std::make_shared<BrierTask>(), adamw(1e-2), o);
+  const train::TrainResult r2 = second.fit(std::make_shared<PointsDataset>(256, 7), std::make_shared<PointsDataset>(64, 8));
+  EXPECT_EQ(r2.ema_updates, 5);
+  std::filesystem::remove(path);
 }
