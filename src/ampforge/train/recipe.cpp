@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/dist/environment.h"
 #include "ampforge/core/safetensors.h"
 #include <filesystem>
 
@@ -89,7 +92,8 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"precision", prec}, {"master_weights", c.master_weights},
           {"stochastic_rounding", c.stochastic_rounding},
           {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs},
-          {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len}};
+          {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len},
+          {"world_size", dist::detect_world().size}};
 }
 
 struct Datasets {
@@ -290,10 +294,34 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
   return std::make_unique<optim::SGD>(groups, o);
 }
 
-TrainResult train(const TrainConfig& cfg) {
-  validate(cfg);
+TrainResult train(const TrainConfig& config) {
+  validate(config);
+  AF_CHECK(config.dist_timeout > 0, "--dist-timeout must be positive, got {}", config.dist_timeout);
+  TrainConfig cfg = config;
   TrainerOptions to;
   to.device = parse_device(cfg.device);
+  // Data parallel when a launcher started this process: one GPU per rank (cuda = cuda:<local rank>), and on the
+  // CPU the cores shared among the host's ranks.
+  const dist::WorldInfo world = dist::detect_world();
+  dist::CommunicatorPtr comm;
+  if (world.distributed()) {
+    if (cfg.device == "cuda") to.device = Device(DeviceType::CUDA, world.local_rank);
+    if (to.device.is_cuda())
+      AF_CHECK(to.device.index < cuda::device_count(), "rank {}: device {} does not exist ({} CUDA devices{}{})",
+               world.rank, to.device.str(), cuda::device_count(), cuda::device_count() == 0 ? ": " : "",
+               cuda::unavailable_reason());
+    dist::InitOptions io;
+    io.device = to.device;
+    io.timeout_s = cfg.dist_timeout;
+    if (to.device.is_cuda()) io.compute_stream = cuda::compute_stream(to.device.index);
+    comm = dist::init_process_group(world, io);
+    if (comm->rank() != 0) cfg.verbose = cfg.progress = false;
+    if (cfg.threads == 0 && to.device.is_cpu())
+      set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size)));
+    to.data_parallel.communicator = comm;
+    to.data_parallel.bucket_cap_mb = cfg.bucket_mb;
+    to.data_parallel.first_bucket_mb = cfg.first_bucket_mb;
+  }
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   manual_seed(cfg.seed);
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
@@ -302,9 +330,13 @@ TrainResult train(const TrainConfig& cfg) {
   AF_CHECK(!masked_lm || cfg.dataset == "text" || cfg.dataset == "synthetic", "--model {} is a masked language "
            "model: use --dataset text --corpus wordnet|FILE (or --dataset synthetic)", cfg.model);
   AF_CHECK(masked_lm || cfg.dataset != "text", "--dataset text needs a masked language model (--model bert-mini, ...)");
+  // Data sets that are prepared on first use (a learned vocabulary, token files, the composed detection set)
+  // are written by rank 0 while the others wait, then read by everyone.
+  if (comm && comm->rank() != 0) comm->barrier();
   std::optional<TextSetup> text;
   if (masked_lm) text = make_text_setup(cfg, models::bert_config(cfg.model).max_position_embeddings);
   const Datasets ds = masked_lm ? text->data : make_datasets(cfg, entry.defaults.in_channels);
+  if (comm && comm->rank() == 0) comm->barrier();
 
   const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;

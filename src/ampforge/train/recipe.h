@@ -79,6 +79,11 @@ struct TrainConfig {
   std::string device = "cpu";              // cpu | cuda | cuda:N
   bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
   int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
+  // Data parallel: on when the process was started by mpirun/srun, torchrun or `ampforge launch`
+  // (dist/environment.h); batch_size is then per rank. --device cuda means cuda:<LOCAL_RANK>.
+  double bucket_mb = 25;                   // gradient bucket size (MiB)
+  double first_bucket_mb = 1;              // the first (last layers') bucket
+  double dist_timeout = 300;               // seconds for the rendezvous of the ranks
 };
 
 // Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.

@@ -1,0 +1,100 @@
+// Data parallel's gradient buckets: their layout (reverse parameter order, a small first bucket, the cap,
+// group boundaries) and, on a real optimizer, that they are views of the flat gradient buffer covering every
+// gradient exactly once.
+#include "ampforge/train/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include "ampforge/dist/dist_test_util.h"
+#include "ampforge/dist/environment.h"
+#include "ampforge/models/registry.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/optim/param_groups.h"
+
+namespace ampforge::train {
+namespace {
+
+// Offsets/ends of consecutive parameters with the given element counts.
+void layout(const std::vector<int64_t>& sizes, std::vector<int64_t>& off, std::vector<int64_t>& end) {
+  int64_t o = 0;
+  for (int64_t n : sizes) {
+    off.push_back(o);
+    o += n;
+    end.push_back(o);
+  }
+}
+
+TEST(DataParallelBuckets, ReverseOrderSmallFirstBucketThenCap) {
+  std::vector<std::vector<int64_t>> off(1), end(1);
+  layout({100, 50, 600, 200, 300}, off[0], end[0]);  // F32: 400, 200, 2400, 800, 1200 bytes
+  const auto b = assign_buckets(off, end, {4}, 1000, 4000);
+  ASSERT_EQ(b.size(), 2u);
+  // The last parameter alone (larger than the first bucket's 1000 bytes: a bucket of its own).
+  EXPECT_EQ(b[0].first_param, 4u);
+  EXPECT_EQ(b[0].last_param, 4u);
+  EXPECT_EQ(b[0].begin, 950);
+  EXPECT_EQ(b[0].end, 1250);
+  // Then everything else fits the 4000-byte cap: 3800 bytes.
+  EXPECT_EQ(b[1].first_param, 0u);
+  EXPECT_EQ(b[1].last_param, 3u);
+  EXPECT_EQ(b[1].begin, 0);
+  EXPECT_EQ(b[1].end, 950);
+  // A smaller cap splits it, still in reverse order and never above the cap.
+  const auto c = assign_buckets(off, end, {4}, 1000, 2500);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[1].first_param, 3u);  // 800 bytes; adding 2400 would pass 2500
+  EXPECT_EQ(c[2].first_param, 2u);
+  EXPECT_EQ(c[3].first_param, 0u);  // 200 + 400
+  for (const auto& x : c) EXPECT_LE(x.end - x.begin, 625) << x.first_param;
+}
+
+TEST(DataParallelBuckets, BucketsNeverSpanGroupsAndGroupsGoLastToFirst) {
+  std::vector<std::vector<int64_t>> off(2), end(2);
+  layout({10, 10}, off[0], end[0]);
+  layout({10, 10, 10}, off[1], end[1]);
+  const auto b = assign_buckets(off, end, {4, 2}, 1 << 20, 1 << 20);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0].group, 1u);
+  EXPECT_EQ(b[0].first_param, 0u);
+  EXPECT_EQ(b[0].last_param, 2u);
+  EXPECT_EQ(b[1].group, 0u);
+  EXPECT_EQ(b[1].end - b[1].begin, 20);
+}
+
+TEST(DataParallelBuckets, ViewsOfTheOptimizersFlatGradients) {
+  AF_REQUIRE_MPI();
+  dist::testing::ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", std::nullopt},
+                                {"MASTER_PORT", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt},
+                                {"PMIX_RANK", std::nullopt}, {"PMI_RANK", std::nullopt}});
+  // A world of one (MPI as a singleton): the same code path as N ranks.
+  dist::CommunicatorPtr comm = dist::init_process_group(dist::detect_world(), {});
+  nn::ModulePtr model = models::create("resnet-small", {});
+  optim::AdamW opt(optim::decay_groups(*model, 0.01), {});
+  DataParallelOptions o;
+  o.first_bucket_mb = 0.01;
+  o.bucket_cap_mb = 0.05;
+  DataParallel dp(comm, opt, o);
+  std::vector<int> covered;
+  int64_t total = 0;
+  for (const auto& g : opt.param_groups()) total += g.flat_grads.numel();
+  for (const GradBucket& b : dp.buckets()) {
+    const Tensor& flat = opt.param_groups()[b.group].flat_grads;
+    EXPECT_EQ(b.view.storage(), flat.storage());  // a view, no copy
+    EXPECT_EQ(b.view.numel(), b.end - b.begin);
+    total -= b.view.numel();
+  }
+  EXPECT_EQ(total, 0);  // every element of every flat buffer in exactly one bucket (they do not overlap: ranges)
+  EXPECT_GT(dp.buckets().size(), 3u);
+  // Reducing over a world of one leaves the gradients as they are.
+  for (const auto& g : opt.param_groups()) {
+    float* p = g.flat_grads.data<float>();
+    for (int64_t i = 0; i < g.flat_grads.numel(); ++i) p[i] = static_cast<float>(i % 13) * 0.25f;
+  }
+  dp.reduce_gradients();
+  for (const auto& g : opt.param_groups())
+    for (int64_t i = 0; i < g.flat_grads.numel(); ++i)
+      ASSERT_EQ(g.flat_grads.data<float>()[i], static_cast<float>(i % 13) * 0.25f);
+}
+
+}  // namespace
+}  // namespace ampforge::train
