@@ -109,6 +109,12 @@ Command add_train_command(CLI::App& app) {
                   "Data parallel: gradient bucket size in MiB (each bucket is one all-reduce)")->capture_default_str();
   sub->add_option("--first-bucket-mb", c.first_bucket_mb,
                   "Data parallel: size of the first bucket (the last layers' gradients) in MiB")->capture_default_str();
+  sub->add_flag_function("--no-overlap", [&c](int64_t) { c.overlap = false; },
+                "Data parallel: all-reduce the gradients after backward instead of starting each bucket from the "
+                "backward pass as soon as its gradients are complete (same results)");
+  sub->add_option("--zero", c.zero,
+                  "Data parallel: 1 = ZeRO stage 1, each rank keeps and steps 1/N of the optimizer state (gradients "
+                  "reduce-scattered, parameters all-gathered; same results)")->capture_default_str();
   sub->add_option("--dist-timeout", c.dist_timeout,
                   "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");

@@ -243,8 +243,15 @@ class MpiCommunicator final : public Communicator {
     w->what = "all_gather";
     w->keep = {in, out};
     w->requests.emplace_back();
-    AF_MPI(MPI_Iallgather(in.data_ptr(), static_cast<int>(in.nbytes()), MPI_BYTE, out.data_ptr(),
-                          static_cast<int>(in.nbytes()), MPI_BYTE, comm_, &w->requests.back()));
+    // In place (ZeRO-1 gathers the parameter shards into the buffer they are views of): MPI says so with
+    // MPI_IN_PLACE; any other overlap of input and output is an error.
+    const auto* ip = static_cast<const char*>(in.data_ptr());
+    const auto* op = static_cast<const char*>(out.data_ptr());
+    const bool in_place = ip == op + static_cast<size_t>(rank()) * static_cast<size_t>(in.nbytes());
+    AF_CHECK(in_place || ip + in.nbytes() <= op || op + out.nbytes() <= ip, "all_gather (mpi): the input overlaps "
+             "the output other than as this rank's chunk");
+    AF_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), static_cast<int>(in.nbytes()), MPI_BYTE,
+                          out.data_ptr(), static_cast<int>(in.nbytes()), MPI_BYTE, comm_, &w->requests.back()));
     return w;
   }
 

@@ -96,8 +96,15 @@ void broadcast_buffers(dist::Communicator& comm, nn::Module& model) {
 }
 
 DataParallel::DataParallel(dist::CommunicatorPtr comm, optim::Optimizer& opt, const DataParallelOptions& o)
-    : comm_(std::move(comm)) {
+    : comm_(std::move(comm)), opt_(opt), zero_(o.zero) {
   AF_CHECK(comm_ != nullptr, "DataParallel: no communicator");
+  AF_CHECK(o.zero == 0 || o.zero == 1, "--zero must be 0 or 1 (ZeRO stages 2 and 3 are not implemented), got {}",
+           o.zero);
+  if (zero_ == 1) {
+    // Reduce-scatter and all-gather whole flat buffers; no buckets, no overlap.
+    opt.shard(comm_->rank(), comm_->size());
+    return;
+  }
   AF_CHECK(o.bucket_cap_mb > 0 && std::isfinite(o.bucket_cap_mb), "--bucket-mb must be positive, got {}",
            o.bucket_cap_mb);
   AF_CHECK(o.first_bucket_mb > 0 && std::isfinite(o.first_bucket_mb), "--first-bucket-mb must be positive, got {}",
@@ -120,13 +127,81 @@ DataParallel::DataParallel(dist::CommunicatorPtr comm, optim::Optimizer& opt, co
   buckets_ = assign_buckets(offsets, ends, elem, static_cast<int64_t>(o.first_bucket_mb * (1 << 20)),
                             static_cast<int64_t>(o.bucket_cap_mb * (1 << 20)));
   for (GradBucket& b : buckets_) b.view = ops::narrow(groups[b.group].flat_grads, 0, b.begin, b.end - b.begin);
+  params_in_bucket_.assign(buckets_.size(), 0);
+  ready_.assign(buckets_.size(), 0);
+  if (!o.overlap) return;
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const GradBucket& b = buckets_[bi];
+    for (size_t i = b.first_param; i <= b.last_param; ++i) {
+      ++params_in_bucket_[bi];
+      hooks_.push_back(autograd::register_post_accumulate_grad_hook(groups[b.group].params[i],
+                                                                    [this, bi](const Tensor&) { on_gradient_ready(bi); }));
+    }
+  }
+}
+
+void DataParallel::arm() {
+  armed_ = !hooks_.empty();
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_ = 0;
+  works_.clear();
+}
+
+void DataParallel::launch(size_t bucket) {
+  AF_ASSERT(bucket == next_, "DataParallel: buckets must be launched in order");
+  works_.push_back(comm_->all_reduce(buckets_[bucket].view, dist::ReduceOp::Avg));
+  ++next_;
+}
+
+void DataParallel::on_gradient_ready(size_t bucket) {
+  if (!armed_) return;  // not the step's last backward: gradients are still accumulating
+  ++ready_[bucket];
+  // Every rank launches in bucket order, whatever order the buckets complete in.
+  while (next_ < buckets_.size() && ready_[next_] == params_in_bucket_[next_]) {
+    launch(next_);
+    ++in_backward_;
+  }
+  // MPI progresses nonblocking collectives only inside MPI calls: give the launched ones a turn.
+  for (const dist::WorkPtr& w : works_) w->is_completed();
 }
 
 void DataParallel::reduce_gradients() {
+  if (zero_ == 1) {
+    std::vector<dist::WorkPtr> works;
+    for (const optim::ParamGroup& g : opt_.param_groups())
+      works.push_back(comm_->reduce_scatter(g.flat_grads, g.shard_grads, dist::ReduceOp::Avg));
+    dist::wait_all(works);
+    return;
+  }
+  if (!armed_) arm();  // no backward pass launched anything
+  while (next_ < buckets_.size()) launch(next_);
+  dist::wait_all(works_);
+  works_.clear();
+  armed_ = false;
+}
+
+void DataParallel::gather_parameters() {
+  if (zero_ != 1) return;
+  autograd::NoGradGuard ng;
   std::vector<dist::WorkPtr> works;
-  works.reserve(buckets_.size());
-  for (const GradBucket& b : buckets_) works.push_back(comm_->all_reduce(b.view, dist::ReduceOp::Avg));
+  for (const optim::ParamGroup& g : opt_.param_groups())  // in place: this rank's shard is its own chunk
+    works.push_back(comm_->all_gather(ops::narrow(g.flat_params, 0, g.shard_begin, g.shard_size), g.flat_params));
   dist::wait_all(works);
+}
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state() {
+  std::vector<std::pair<std::string, Tensor>> state = opt_.state_dict();
+  if (zero_ != 1) return state;
+  autograd::NoGradGuard ng;
+  for (auto& [name, t] : state) {
+    const size_t g = std::stoul(name.substr(5, name.find('.') - 5));  // "group<g>.<buffer>"
+    const optim::ParamGroup& pg = opt_.param_groups()[g];
+    if (t.numel() != pg.shard_size) continue;  // step, lr: the same on every rank
+    Tensor full = ops::zeros({pg.shard_size * comm_->size()}, t.dtype(), t.device());
+    comm_->all_gather(t.contiguous(), full)->wait();
+    t = ops::narrow(full, 0, 0, opt_.unpadded_size(g));
+  }
+  return state;
 }
 
 Tensor DataParallel::average(const Tensor& scalar) {

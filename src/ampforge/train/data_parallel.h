@@ -10,7 +10,11 @@
 //    bucket of first_bucket_mb (the last layers' gradients, ready first, go out early) and then buckets of up
 //    to bucket_cap_mb; a parameter larger than a bucket is a bucket of its own, and a bucket never spans two
 //    parameter groups. Every rank derives the same buckets from the same model and launches them in bucket
-//    order. The reduction runs after the step's last micro-batch (gradient accumulation communicates once).
+//    order. Only the step's last micro-batch communicates (gradient accumulation): with `overlap`, a
+//    post-accumulate-grad hook on every parameter counts the bucket's completed gradients during that
+//    micro-batch's backward and launches the bucket as soon as it is complete and every bucket before it has
+//    been launched; reduce_gradients() then launches what is left (parameters that got no gradient) and
+//    waits for all.
 //  - Losses are averaged over the ranks before the step looks at them, so every rank takes the same
 //    non-finite-loss decision and reports the global batch's loss; GradScaler's found-inf is combined (Max)
 //    so every rank skips the same steps.
@@ -19,9 +23,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "ampforge/autograd/hooks.h"
 #include "ampforge/core/tensor.h"
 #include "ampforge/dist/communicator.h"
 #include "ampforge/nn/module.h"
@@ -33,6 +41,13 @@ struct DataParallelOptions {
   dist::CommunicatorPtr communicator;  // null: one process (everything below is ignored)
   double bucket_cap_mb = 25;           // PyTorch DDP's bucket_cap_mb
   double first_bucket_mb = 1;          // DDP's first bucket (kDefaultFirstBucketBytes)
+  // Start each bucket's all-reduce from the backward pass, as soon as its gradients are complete
+  // (autograd/hooks.h), instead of after backward. Same results either way.
+  bool overlap = true;
+  // ZeRO stage: 0 plain data parallel; 1 optimizer state sharded over the ranks (optim::Optimizer::shard):
+  // gradients are reduce-scattered (each rank receives the average of its shard), each rank steps its shard,
+  // and the parameters are all-gathered after the step. Same results as stage 0.
+  int zero = 0;
 };
 
 // One bucket: a contiguous run of one parameter group's flat gradient buffer covering parameters
@@ -67,8 +82,19 @@ class DataParallel {
   dist::Communicator& comm() { return *comm_; }
   const std::vector<GradBucket>& buckets() const { return buckets_; }
 
-  // Averages the gradients over the ranks, bucket by bucket (launched in bucket order, then awaited).
+  // The next backward pass is the step's last: buckets may start from it (with options.overlap).
+  void arm();
+  // Averages the gradients over the ranks: launches, in bucket order, the buckets the backward pass did not
+  // start, then waits for every bucket.
   void reduce_gradients();
+  // ZeRO-1: every rank's updated parameter shards to every rank (after the optimizer step). No-op otherwise.
+  void gather_parameters();
+  // The optimizer's state as a checkpoint holds it: sharded state gathered from every rank (a collective:
+  // every rank calls it), without the sharded layout's padding; the optimizer's own state_dict otherwise.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state();
+  int zero_stage() const { return zero_; }
+  // Buckets launched from inside backward passes so far (overlap at work).
+  int64_t buckets_launched_in_backward() const { return in_backward_; }
   // The mean over the ranks of a one-element F32 tensor (a new tensor).
   Tensor average(const Tensor& scalar);
   // found_inf (one element) becomes the maximum over the ranks, in place.
@@ -77,8 +103,19 @@ class DataParallel {
   bool any(bool flag);
 
  private:
+  void on_gradient_ready(size_t bucket);
+  void launch(size_t bucket);
+
   dist::CommunicatorPtr comm_;
+  optim::Optimizer& opt_;
+  int zero_ = 0;
   std::vector<GradBucket> buckets_;
+  std::vector<int> params_in_bucket_, ready_;
+  std::vector<std::unique_ptr<autograd::HookHandle>> hooks_;
+  std::vector<dist::WorkPtr> works_;
+  size_t next_ = 0;  // the next bucket to launch
+  bool armed_ = false;
+  int64_t in_backward_ = 0;
 };
 
 }  // namespace ampforge::train

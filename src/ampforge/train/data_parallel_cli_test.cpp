@@ -11,6 +11,9 @@
 // another order ((g0 + g1) + g2 in MPI vs the sequential accumulation of g / 3), so that test compares within
 // the F32 tolerance table (core/tolerance.h) and says so.
 //
+// ZeRO-1 (--zero 1) reduces the same values (a reduce-scatter instead of an all-reduce) and steps each element
+// once on the rank that owns it, so it is compared bit for bit too.
+//
 // Parameters and optimizer state are compared; BatchNorm's running statistics are not (rank 0 saw only its
 // own micro-batch, the single process saw all of them: DDP keeps rank 0's too).
 #include <cstring>
@@ -168,6 +171,29 @@ TEST(DistTrain, EveryRankResumesRankZerosCheckpoint) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("resumed from"));
   EXPECT_GT(compare_checkpoints(dp, j.dir / "one.safetensors"), 10);
+  fs::remove_all(j.dir);
+}
+
+TEST(DistTrain, ZeroOneEqualsPlainDataParallelAndCheckpointsMoveBetweenThem) {
+  AF_REQUIRE_MPI();
+  // F16 master weights: the F32 masters and the moments are sharded, the F16 parameters all-gathered.
+  const Job j = job("cnn", "--precision fp16 --master-weights", 8), first_half = job("cnn", "--precision fp16 "
+                                                                                    "--master-weights", 4);
+  const fs::path one = j.dir / "one.safetensors", zero = j.dir / "zero.safetensors", half = j.dir / "half.safetensors",
+                 resumed = j.dir / "resumed.safetensors";
+  train_single(j, 2, one);
+  dist::testing::Run r = run_shell(mpirun(2) + " " + ampforge_bin() + j.args + " --batch 8 --zero 1 --save " +
+                                   zero.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("ZeRO-1"));
+  EXPECT_GT(compare_checkpoints(zero, one), 10);
+  // Half the run sharded, the other half plain, from the sharded run's checkpoint.
+  r = run_shell(mpirun(2) + " " + ampforge_bin() + first_half.args + " --batch 8 --zero 1 --save " + half.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_shell(mpirun(2) + " " + ampforge_bin() + j.args + " --batch 8 --resume " + half.string() + " --save " +
+                resumed.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(compare_checkpoints(resumed, one), 10);
   fs::remove_all(j.dir);
 }
 

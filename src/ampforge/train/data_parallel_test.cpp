@@ -3,11 +3,16 @@
 // gradient exactly once.
 #include "ampforge/train/data_parallel.h"
 
+#include <cmath>
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "ampforge/dist/dist_test_util.h"
+#include "ampforge/core/generator.h"
 #include "ampforge/dist/environment.h"
 #include "ampforge/models/registry.h"
+#include "ampforge/ops/ops.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/optim/param_groups.h"
 
@@ -94,6 +99,75 @@ TEST(DataParallelBuckets, ViewsOfTheOptimizersFlatGradients) {
   for (const auto& g : opt.param_groups())
     for (int64_t i = 0; i < g.flat_grads.numel(); ++i)
       ASSERT_EQ(g.flat_grads.data<float>()[i], static_cast<float>(i % 13) * 0.25f);
+}
+
+TEST(DataParallelBuckets, BackwardLaunchesBucketsAsTheirGradientsComplete) {
+  AF_REQUIRE_MPI();
+  dist::testing::ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", std::nullopt},
+                                {"MASTER_PORT", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt},
+                                {"PMIX_RANK", std::nullopt}, {"PMI_RANK", std::nullopt}});
+  dist::CommunicatorPtr comm = dist::init_process_group(dist::detect_world(), {});
+  nn::ModulePtr model = models::create("resnet-small", {});
+  optim::AdamW opt(model->parameters(), {});
+  DataParallelOptions o;
+  o.first_bucket_mb = 0.01;
+  o.bucket_cap_mb = 0.05;
+  DataParallel dp(comm, opt, o);
+  const Tensor x = ops::full({2, 1, 28, 28}, 0.5, DType::F32);
+  auto backward = [&] { sum(model->forward(x)).backward(); };
+  backward();  // not armed: an accumulation micro-step launches nothing
+  EXPECT_EQ(dp.buckets_launched_in_backward(), 0);
+  dp.arm();
+  backward();
+  // Every bucket completes inside backward here (every parameter gets a gradient), in bucket order.
+  EXPECT_EQ(dp.buckets_launched_in_backward(), static_cast<int64_t>(dp.buckets().size()));
+  dp.reduce_gradients();
+  // Without overlap nothing starts early.
+  o.overlap = false;
+  DataParallel late(comm, opt, o);
+  late.arm();
+  backward();
+  EXPECT_EQ(late.buckets_launched_in_backward(), 0);
+  late.reduce_gradients();
+}
+
+TEST(ShardedOptimizer, StepsItsShardLikeThePlainOptimizerAndLoadsItsPartOfAFullState) {
+  // Two copies of one model: a plain AdamW and one sharded as rank 1 of 3, fed the same gradients.
+  manual_seed(3);
+  nn::ModulePtr a = models::create("cnn", {});
+  manual_seed(3);
+  nn::ModulePtr b = models::create("cnn", {});
+  optim::AdamW plain(a->parameters(), {}), sharded(b->parameters(), {});
+  sharded.shard(1, 3);
+  const optim::ParamGroup& pg = plain.param_groups()[0];
+  const optim::ParamGroup& sg = sharded.param_groups()[0];
+  const int64_t n = pg.flat_params.numel();
+  EXPECT_EQ(sharded.unpadded_size(0), n);
+  EXPECT_EQ(sg.flat_params.numel() % (3 * 16), 0);
+  EXPECT_GE(sg.flat_params.numel(), n);
+  EXPECT_EQ(sg.shard_size * 3, sg.flat_params.numel());
+  EXPECT_EQ(sg.shard_begin, sg.shard_size);
+  // The parameters were re-pointed into the padded buffer with their values.
+  EXPECT_EQ(std::memcmp(sg.flat_params.data_ptr(), pg.flat_params.data_ptr(), static_cast<size_t>(n) * 4), 0);
+  for (int step = 0; step < 3; ++step) {
+    float* g = pg.flat_grads.data<float>();
+    for (int64_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i + step));
+    ops::copy_(sg.shard_grads, ops::narrow(pg.flat_grads, 0, sg.shard_begin, sg.shard_size));
+    plain.step();
+    sharded.step();
+  }
+  // The shard moved exactly as the plain optimizer's elements did; the rest did not move.
+  EXPECT_EQ(std::memcmp(ops::narrow(sg.flat_params, 0, sg.shard_begin, sg.shard_size).data_ptr(),
+                        ops::narrow(pg.flat_params, 0, sg.shard_begin, sg.shard_size).data_ptr(),
+                        static_cast<size_t>(sg.shard_size) * 4), 0);
+  // Its part of the plain optimizer's full state.
+  sharded.load_state_dict(plain.state_dict());
+  for (auto& [name, t] : sharded.state_dict())
+    if (name == "group0.exp_avg")
+      EXPECT_EQ(std::memcmp(t.data_ptr(), ops::narrow(plain.state_dict()[0].second, 0, sg.shard_begin,
+                                                      sg.shard_size).data_ptr(), static_cast<size_t>(sg.shard_size) * 4),
+                0);
+  EXPECT_THROW(sharded.shard(0, 3), Error);
 }
 
 }  // namespace

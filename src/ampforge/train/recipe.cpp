@@ -297,6 +297,9 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& cfg, nn::Mod
 TrainResult train(const TrainConfig& config) {
   validate(config);
   AF_CHECK(config.dist_timeout > 0, "--dist-timeout must be positive, got {}", config.dist_timeout);
+  AF_CHECK(config.zero == 0 || config.zero == 1, "--zero must be 0 or 1, got {}", config.zero);
+  AF_CHECK(config.zero == 0 || dist::detect_world().distributed(), "--zero 1 shards the optimizer state over the "
+           "ranks of a data-parallel job: start the ranks with mpirun, srun, torchrun or `ampforge launch`");
   TrainConfig cfg = config;
   TrainerOptions to;
   to.device = parse_device(cfg.device);
@@ -321,6 +324,8 @@ TrainResult train(const TrainConfig& config) {
     to.data_parallel.communicator = comm;
     to.data_parallel.bucket_cap_mb = cfg.bucket_mb;
     to.data_parallel.first_bucket_mb = cfg.first_bucket_mb;
+    to.data_parallel.overlap = cfg.overlap;
+    to.data_parallel.zero = cfg.zero;
   }
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   manual_seed(cfg.seed);

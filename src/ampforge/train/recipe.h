@@ -84,6 +84,8 @@ struct TrainConfig {
   double bucket_mb = 25;                   // gradient bucket size (MiB)
   double first_bucket_mb = 1;              // the first (last layers') bucket
   double dist_timeout = 300;               // seconds for the rendezvous of the ranks
+  bool overlap = true;                     // start buckets' all-reduce from the backward pass
+  int zero = 0;                            // 1: ZeRO-1, optimizer state sharded over the ranks
 };
 
 // Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.

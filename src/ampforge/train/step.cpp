@@ -64,6 +64,8 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
       loss_sum_t = loss_sum_t.defined() ? ops::add(loss_sum_t, lt) : lt;
     }
     profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
+    // The last micro-batch's backward may start the gradients' all-reduce (data parallel's overlap).
+    if (o.data_parallel != nullptr && &b == &micro.back()) o.data_parallel->arm();
     Tensor scaled = micro.size() > 1 ? mul(loss, inv_count) : loss;
     scaler.scale(scaled).backward();
   }
@@ -94,6 +96,7 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
   } else {
     r.stepped = scaler.step(opt);
   }
+  if (o.data_parallel != nullptr) o.data_parallel->gather_parameters();  // ZeRO-1: the shards to every rank
   scaler.update();
   return r;
 }

@@ -158,6 +158,8 @@ Trainer::Trainer(nn::ModulePtr model, std::shared_ptr<tasks::Task> task, Optimiz
              comm->backend(), comm->device().str(), o_.device.str());
     AF_CHECK(!o_.cuda_graphs, "--cuda-graphs cannot be combined with data parallel: the collectives run on NCCL's "
                               "own stream, outside the captured step");
+    AF_CHECK(o_.data_parallel.zero == 0 || o_.clip_grad_norm == 0, "--clip-grad cannot be combined with --zero 1 yet "
+             "(each rank holds a shard of the gradients; the norm would need a reduction across the ranks)");
     if (comm->rank() != 0) o_.progress = o_.verbose = false;
     // Before the optimizer: it copies the parameters (and F32 masters of 16-bit ones) into its buffers.
     sync_model_from_rank0(*comm, *model_);
@@ -247,7 +249,9 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   auto save = [&](const CheckpointPosition& p) {
     if (o_.save.empty()) return;
     r.checkpoint = o_.save;
-    if (rank != 0) return;  // rank 0 writes the job's checkpoint
+    // Sharded optimizer state is gathered from every rank (all call this); rank 0 writes the job's checkpoint.
+    const auto opt_state = dp ? dp->optimizer_state() : opt.state_dict();
+    if (rank != 0) return;
     CheckpointInfo info;
     info.model = label;
     info.pos = p;
@@ -255,7 +259,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     info.scaler = scaler.state_dict();
     info.config_json = o_.config_json;
     SigtermDeferred whole_file;
-    save_checkpoint(o_.save, model, opt, info);
+    save_checkpoint(o_.save, model, opt, opt_state, info);
   };
 
   if (o_.verbose)
@@ -265,8 +269,11 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                  static_cast<long long>(lo.batch_size), k > 1 ? fmt::format(" x {} accumulated", k).c_str() : "",
                  opt.name(), r.precision.c_str(), get_num_threads(), on_cuda ? (", device " + r.device).c_str() : "",
                  o_.cuda_graphs ? ", CUDA graphs" : "",
-                 dp ? fmt::format(", data parallel: {} ranks ({}, {} gradient buckets), global batch {}", world,
-                                  dp->comm().backend(), dp->buckets().size(), lo.batch_size * world * k).c_str()
+                 dp ? fmt::format(", data parallel: {} ranks ({}, {}), global batch {}", world, dp->comm().backend(),
+                                  dp->zero_stage() == 1 ? std::string("ZeRO-1: optimizer state sharded")
+                                  : fmt::format("{} gradient buckets{}", dp->buckets().size(),
+                                                o_.data_parallel.overlap ? " started from backward" : ""),
+                                  lo.batch_size * world * k).c_str()
                     : "");
 
   StepOptions step_opts;
