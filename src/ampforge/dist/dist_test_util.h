@@ -83,4 +83,12 @@ class ScopedEnv {
   std::map<std::string, std::optional<std::string>> saved_;
 };
 
+// The environment of a torchrun-style world of one rank, with no MPI launcher's variables: MPI as a singleton
+// for CPU ranks, NCCL through a store on a free port for a GPU.
+inline std::map<std::string, std::optional<std::string>> world_of_one_env() {
+  return {{"RANK", "0"},          {"WORLD_SIZE", "1"},   {"MASTER_ADDR", std::nullopt},
+          {"MASTER_PORT", std::nullopt}, {"OMPI_COMM_WORLD_RANK", std::nullopt}, {"PMIX_RANK", std::nullopt},
+          {"PMI_RANK", std::nullopt}};
+}
+
 }  // namespace ampforge::dist::testing

@@ -36,7 +36,9 @@ TEST(DistLaunch, SpawnGivesEachRankATorchrunEnvironment) {
     EXPECT_EQ(local_world, 3);
     EXPECT_EQ(addr, "127.0.0.1");
     EXPECT_GT(std::stoi(p), 0);
-    if (k > 0) EXPECT_EQ(p, port);
+    if (k > 0) {
+      EXPECT_EQ(p, port);
+    }
     port = p;
   }
   std::filesystem::remove_all(dir);

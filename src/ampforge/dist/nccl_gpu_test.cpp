@@ -23,9 +23,7 @@ namespace ampforge::dist {
 namespace {
 
 CommunicatorPtr world_of_one() {
-  testing::ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::nullopt},
-                          {"OMPI_COMM_WORLD_RANK", std::nullopt}, {"PMIX_RANK", std::nullopt},
-                          {"PMI_RANK", std::nullopt}});
+  testing::ScopedEnv env(testing::world_of_one_env());
   InitOptions o;
   o.device = Device(DeviceType::CUDA, 0);
   o.compute_stream = cuda::compute_stream(0);
