@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ampforge/util/error.h"
+
 namespace ampforge::dist::testing {
 
 struct Run {
@@ -82,6 +84,17 @@ class ScopedEnv {
  private:
   std::map<std::string, std::optional<std::string>> saved_;
 };
+
+// The message of the ampforge::Error `f` throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The environment of a torchrun-style world of one rank, with no MPI launcher's variables: MPI as a singleton
 // for CPU ranks, NCCL through a store on a free port for a GPU.

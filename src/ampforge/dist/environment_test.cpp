@@ -28,12 +28,7 @@ Vars clean(Vars set) {
 
 std::string error_of_detect(const Vars& set) {
   ScopedEnv env(clean(set));
-  try {
-    detect_world();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of([] { detect_world(); });
 }
 
 TEST(DistEnvironment, NoLauncherIsOneProcess) {
@@ -96,12 +91,7 @@ TEST(DistEnvironment, BadValuesAreNamed) {
 
 TEST(DistEnvironment, CpuRanksFromATorchrunEnvironmentAreToldToUseMpi) {
   ScopedEnv env(clean({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}));
-  std::string e;
-  try {
-    init_process_group(detect_world(), {});
-  } catch (const Error& x) {
-    e = x.what();
-  }
+  const std::string e = testing::error_of([] { init_process_group(detect_world(), {}); });
   EXPECT_THAT(e, HasSubstr("rank 1 of 2 runs on the CPU"));
   EXPECT_THAT(e, HasSubstr("ampforge launch -n 2"));
   EXPECT_THAT(e, HasSubstr("mpirun -n 2"));

@@ -16,6 +16,7 @@ namespace ampforge::dist {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::error_of;
 
 StoreOptions opts(int rank, int world, int port, double timeout = 10) {
   StoreOptions o;
@@ -30,17 +31,6 @@ StoreOptions opts(int rank, int world, int port, double timeout = 10) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The message of the Error `f` throws ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(DistStore, SetGetAddAndBarrierAcrossRanks) {
