@@ -16,6 +16,11 @@
 #    decoder underneath, DCT-domain downscaling in both); the price is libjpeg's setjmp/longjmp error
 #    contract, handled once in data/image.cpp. libpng: the reference PNG decoder (PIL links it too); its
 #    low-level API does the palette, grayscale and 16-bit conversions.
+#  - MPI (Open MPI: libopenmpi-dev, openmpi-bin): the collectives of CPU data-parallel ranks, and the
+#    bootstrap of ranks started by mpirun / srun (dist/mpi_communicator.h). The engine CPU clusters already
+#    run, and the way to test every distributed code path on one machine. Optional (AMPFORGE_MPI=AUTO: on
+#    when found; scripts/setup installs it, so CI has it); without it, data parallel runs on GPUs (NCCL,
+#    loaded at run time) only.
 #  - GoogleTest / Google Benchmark: tests and micro-benchmarks.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
@@ -31,6 +36,21 @@ find_package(Threads REQUIRED)
 if(AMPFORGE_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+set(AMPFORGE_WITH_MPI OFF)
+if(NOT AMPFORGE_MPI STREQUAL "OFF")
+  if(AMPFORGE_MPI STREQUAL "ON")
+    find_package(MPI REQUIRED COMPONENTS C)
+  else()
+    find_package(MPI QUIET COMPONENTS C)
+  endif()
+  if(MPI_C_FOUND)
+    set(AMPFORGE_WITH_MPI ON)
+    # Where mpirun is: the tests start ranks with it (the CLI finds it on PATH at run time).
+    get_filename_component(_af_mpi_bin "${MPI_C_COMPILER}" DIRECTORY)
+    find_program(AMPFORGE_MPIEXEC NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE} ${_af_mpi_bin})
+  endif()
+endif()
+message(STATUS "ampforge: MPI ${AMPFORGE_WITH_MPI} ${MPI_C_VERSION}")
 if(AMPFORGE_BUILD_BENCH)
   find_package(benchmark QUIET)
 endif()
@@ -179,4 +199,9 @@ if(AMPFORGE_WITH_CUDA)  # CUDA::cudart, CUDA::cublasLt (shared)
 endif()
 if(AMPFORGE_WITH_CUDNN)
   ampforge_package_dependency(PRIVATE FILE ${AMPFORGE_CUDNN_LIBRARY})
+endif()
+if(AMPFORGE_WITH_MPI)  # libmpi linked by file (src/CMakeLists.txt says why)
+  foreach(_af_mpi_lib ${MPI_C_LIBRARIES})
+    ampforge_package_dependency(PRIVATE FILE ${_af_mpi_lib})
+  endforeach()
 endif()

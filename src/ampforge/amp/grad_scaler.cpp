@@ -58,6 +58,11 @@ void GradScaler::unscale_(optim::Optimizer& o) {
   st.stage = Stage::Unscaled;
 }
 
+Tensor GradScaler::found_inf(const optim::Optimizer& o) const {
+  auto it = per_opt_.find(o.id());
+  return it == per_opt_.end() ? Tensor() : it->second.found_inf;
+}
+
 bool GradScaler::step(optim::Optimizer& o) {
   if (!opt_.enabled) {
     o.step();

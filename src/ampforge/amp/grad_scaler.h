@@ -48,6 +48,11 @@ class GradScaler {
   // the optimizer stepped; when the decision stays on the device (device hyperparameters), returns true
   // ("queued": the kernel skips itself) and skipped_steps() tells afterwards.
   bool step(optim::Optimizer& opt);
+  // This iteration's Inf/NaN flag for `opt` (one-element F32 tensor on the device, non-zero: found), set by
+  // unscale_() and read by step(); undefined before unscale_(). Code that must combine it with other
+  // processes' flags before step() decides changes it in place (data parallel: every rank must skip the
+  // same steps, train/data_parallel.h).
+  Tensor found_inf(const optim::Optimizer& opt) const;
   // Updates the scale from this iteration's found-inf results, or sets it to new_scale.
   void update(std::optional<double> new_scale = std::nullopt);
 

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ampforge/autograd/hooks.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/ops/ops.h"
 
@@ -47,6 +48,12 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
       }
     }
   }
+  // Post-accumulate-grad hooks (autograd/hooks.h): how many of each hooked leaf's sinks this pass reaches.
+  std::unordered_map<const TensorImpl*, int> sinks_left;
+  if (!capture && has_post_accumulate_grad_hooks())
+    for (auto& [n, ptr] : keep)
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(n); acc && has_post_accumulate_grad_hooks(acc->leaf.impl()))
+        ++sinks_left[acc->leaf.impl()];
   std::unordered_map<Node*, Grads> buffers;
   auto accumulate = [&](Node* n, uint32_t slot, const Tensor& g) {
     Grads& buf = buffers[n];
@@ -84,6 +91,11 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
       if (dynamic_cast<AccumulateGrad*>(n)) continue;  // grad() never touches .grad of leaves
     }
     Grads out = n->apply(std::move(in));
+    if (!sinks_left.empty())
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+        auto it = sinks_left.find(acc->leaf.impl());
+        if (it != sinks_left.end() && --it->second == 0) run_post_accumulate_grad_hooks(acc->leaf);
+      }
     if (!retain_graph) {
       n->release();
       n->released = true;

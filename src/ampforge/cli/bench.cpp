@@ -17,6 +17,7 @@
 
 #include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/cli/bench_collective.h"
 #include "ampforge/cli/bench_report.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/util/thread_pool.h"
@@ -55,8 +56,9 @@ struct BenchFlags {
   std::string models, precisions, device = "cpu", batches, peer = "auto", markdown, svg, optimizer = "sgd";
   int64_t image_size = 0, seq_len = 0;
   int warmup = -1, steps = -1, threads = 0;
-  bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false;
+  bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
   double peer_timeout = 1800;
+  CollectiveBenchOptions coll;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -358,7 +360,22 @@ Command add_bench_command(CLI::App& app) {
   sub->add_flag("--json", f->json, "Print the results as JSON (schema in docs/BENCH.md) instead of the table");
   sub->add_option("--markdown", f->markdown, "Also write the table as Markdown to this file");
   sub->add_option("--svg", f->svg, "Also write a bar chart (SVG) to this file");
-  return {sub, [f] { return run_bench(*f); }};
+  sub->add_flag("--collective", f->collective,
+                "Instead: all-reduce and all-gather bandwidth between the ranks of a data-parallel job (start it "
+                "with `ampforge launch -n N -- ampforge bench --collective`), nccl-tests' algbw and busbw; with "
+                "--device, --warmup, --steps (iterations), --json");
+  sub->add_option("--min-bytes", f->coll.min_bytes, "--collective: smallest size")->capture_default_str();
+  sub->add_option("--max-bytes", f->coll.max_bytes, "--collective: largest size")->capture_default_str();
+  sub->add_option("--factor", f->coll.factor, "--collective: size multiplier between steps")->capture_default_str();
+  return {sub, [f] {
+            if (!f->collective) return run_bench(*f);
+            CollectiveBenchOptions o = f->coll;
+            o.device = f->device;
+            o.json = f->json;
+            if (f->warmup >= 0) o.warmup = f->warmup;
+            if (f->steps >= 0) o.iterations = f->steps;
+            return run_collective_bench(o);
+          }};
 }
 
 }  // namespace ampforge::cli

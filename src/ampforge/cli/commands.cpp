@@ -16,6 +16,7 @@ CommandList register_commands(CLI::App& app) {
   list.push_back(add_predict_command(app));
   list.push_back(add_data_command(app));
   list.push_back(add_detect_command(app));
+  list.push_back(add_launch_command(app));
   return list;
 }
 

@@ -29,5 +29,6 @@ Command add_export_command(CLI::App& app);
 Command add_predict_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
 Command add_detect_command(CLI::App& app);
+Command add_launch_command(CLI::App& app);
 
 }  // namespace ampforge::cli

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/dist/environment.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
 
@@ -20,15 +21,21 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // A rank of a data-parallel job that fails stops the whole job (MPI_Abort), so the others do not wait for it
+  // forever in a collective.
+  auto fail = [](const char* what, int code) {
+    std::fprintf(stderr, "ampforge: error: %s\n", what);
+    std::fflush(stderr);
+    ampforge::dist::abort_job(code);
+    return code;
+  };
   try {
     for (auto& c : commands)
       if (c.sub->parsed()) return c.run();
   } catch (const ampforge::Error& e) {
-    std::fprintf(stderr, "ampforge: error: %s\n", e.what());
-    return e.kind() == ampforge::ErrorKind::Internal ? 3 : 2;
+    return fail(e.what(), e.kind() == ampforge::ErrorKind::Internal ? 3 : 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ampforge: error: %s\n", e.what());
-    return 3;
+    return fail(e.what(), 3);
   }
   return 0;
 }

@@ -26,6 +26,10 @@ Command add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   auto& c = flags->cfg;
   auto* sub = app.add_subcommand("train", "Train a model (default: the small CNN on Fashion-MNIST, 5 epochs)");
+  sub->footer("Data parallel: started by mpirun/srun, torchrun or `ampforge launch -n N -- ampforge train ...`, each "
+               "process is one rank (found in the environment, no flag needed): --batch is per rank, gradients are "
+               "averaged over the ranks, rank 0 prints, evaluates and writes --save; --device cuda means "
+               "cuda:<LOCAL_RANK>. CPU ranks need an MPI launcher; GPU ranks use NCCL.");
   sub->add_option("--model", c.model, "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ...")
       ->capture_default_str();
   sub->add_option("--dataset", c.dataset,
@@ -125,6 +129,18 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--resume", c.resume, "Resume from this checkpoint");
   sub->add_option("--memory-trace", c.memory_trace,
                   "Record every allocation and free to this file (replay it with `ampforge memory replay`)");
+  sub->add_option("--bucket-mb", c.bucket_mb,
+                  "Data parallel: gradient bucket size in MiB (each bucket is one all-reduce)")->capture_default_str();
+  sub->add_option("--first-bucket-mb", c.first_bucket_mb,
+                  "Data parallel: size of the first bucket (the last layers' gradients) in MiB")->capture_default_str();
+  sub->add_flag_function("--no-overlap", [&c](int64_t) { c.overlap = false; },
+                "Data parallel: all-reduce the gradients after backward instead of starting each bucket from the "
+                "backward pass as soon as its gradients are complete (same results)");
+  sub->add_option("--zero", c.zero,
+                  "Data parallel: 1 = ZeRO stage 1, each rank keeps and steps 1/N of the optimizer state (gradients "
+                  "reduce-scattered, parameters all-gathered; same results)")->capture_default_str();
+  sub->add_option("--dist-timeout", c.dist_timeout,
+                  "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
   sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
   sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");
@@ -137,6 +153,8 @@ Command add_train_command(CLI::App& app) {
             cfg.progress = !flags->no_progress;
             train::install_sigint_handler();
             train::TrainResult r = train::train(cfg);
+            // One report per job: rank 0's (every rank has the same numbers).
+            if (r.rank != 0) return r.interrupted ? 130 : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
             std::string metrics;
             for (const tasks::Metric& m : r.eval)
               metrics += m.fraction ? fmt::format("test {} {:.2f}%, ", m.name, 100.0 * m.value)
@@ -192,6 +210,7 @@ Command add_train_command(CLI::App& app) {
                                   {"overflow_events", r.overflow_events},
                                   {"stopped_reason", r.stopped_reason},
                                   {"checkpoint", r.checkpoint},
+                                  {"world_size", r.world_size},
                                   {"host_syncs", r.host_syncs},
                                   {"ema_updates", r.ema_updates},
                                   {"config", nlohmann::json::parse(r.config_json.empty() ? "null" : r.config_json)},

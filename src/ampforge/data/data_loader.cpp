@@ -42,6 +42,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
     AF_CHECK(ds_->example_shape().size() == 3, "DataLoader: channels-last needs (C, H, W) examples");
   AF_CHECK(opt_.device.is_cpu() || opt_.device.is_cuda(), "DataLoader: cannot deliver batches to {}",
            opt_.device.str());
+  AF_CHECK(opt_.shard_count >= 1 && opt_.shard_rank >= 0 && opt_.shard_rank < opt_.shard_count,
+           "DataLoader: shard {} of {} does not exist", opt_.shard_rank, opt_.shard_count);
+  AF_CHECK(ds_->size() >= opt_.shard_count, "DataLoader: {} examples cannot be shared by {} ranks", ds_->size(),
+           opt_.shard_count);
   // Staging buffers: one per batch that can be in flight (prefetched, being built, being consumed), so
   // that a worker rarely waits for a buffer.
   if (opt_.device.is_cuda())
@@ -61,8 +65,16 @@ Batch DataLoader::deliver(Batch b) {
 }
 
 int64_t DataLoader::num_batches() const {
-  const int64_t n = ds_->size();
-  return opt_.drop_last ? n / opt_.batch_size : (n + opt_.batch_size - 1) / opt_.batch_size;
+  const int64_t n = ds_->size(), global = opt_.batch_size * opt_.shard_count;
+  return n / global + (!opt_.drop_last && n % global != 0 ? 1 : 0);
+}
+
+std::pair<int64_t, int64_t> DataLoader::batch_span(int64_t b) const {
+  const int64_t n = ds_->size(), B = opt_.batch_size, N = opt_.shard_count, global = B * N;
+  if (b < n / global) return {b * global + opt_.shard_rank * B, B};
+  // The partial last global batch, padded to a multiple of N: T positions per rank.
+  const int64_t rem = n - (n / global) * global, per_rank = (rem + N - 1) / N;
+  return {(n / global) * global + opt_.shard_rank * per_rank, per_rank};
 }
 
 void DataLoader::stop_workers() {
@@ -150,8 +162,7 @@ std::optional<Batch> DataLoader::next() {
 
 Batch DataLoader::build(int64_t b) const {
   const int64_t n = ds_->size();
-  const int64_t begin = b * opt_.batch_size, end = std::min(n, begin + opt_.batch_size);
-  const int64_t bs = end - begin;
+  const auto [begin, bs] = batch_span(b);
   const Shape es = ds_->example_shape();
   const int64_t C = es[0], H = es.size() > 1 ? es[1] : 1, W = es.size() > 2 ? es[2] : 1;
   const int64_t plane = H * W, per = C * plane;
@@ -183,7 +194,7 @@ Batch DataLoader::build(int64_t b) const {
   // in place and it is normalised there (the same arithmetic, one pass less over the batch).
   const bool in_place = !augment && !cl;
   for (int64_t k = 0; k < bs; ++k) {
-    const int64_t idx = order_[begin + k];
+    const int64_t idx = order_[(begin + k) % n];  // positions past the end: the padding of a sharded epoch
     float* dst = xp + k * per;
     const ExampleContext ctx{example_key_in(ex_key, idx), epoch_, idx};
     ds_->get(idx, in_place ? dst : raw.data(), ctx);

@@ -55,6 +55,15 @@ struct LoaderOptions {
   bool hflip = false;
   MemoryFormat format = MemoryFormat::Contiguous;
   Device device = kCPU;  // where batches are delivered (CUDA: uploaded on the copy stream, see above)
+  // Distributed sampler (data parallel): this loader delivers shard `shard_rank` of `shard_count`. The
+  // epoch order is the same on every rank (it depends on (seed, epoch) only); global batch b is
+  // positions [b G, (b + 1) G) of it, G = batch_size x shard_count, and rank r's batch b is the r-th
+  // run of batch_size positions in it. So the ranks' batches b together are one batch of G, and rank r's
+  // batch b is exactly batch (b x shard_count + r) of a single loader: N ranks see what one process with
+  // `--accumulate N` sees in its micro-batches. The last, partial global batch is split evenly: padded by
+  // repeating the epoch order from its start until its size divides by shard_count (every rank gets the
+  // same number of examples), or, with drop_last, dropped. shard_count 1 is the plain loader.
+  int shard_rank = 0, shard_count = 1;
 };
 
 // The key the loader passes to Dataset::get in ExampleContext::key for example `index` in `epoch`: a function
@@ -80,6 +89,8 @@ class DataLoader {
 
  private:
   Batch build(int64_t b) const;
+  // Batch b of this shard: its first position in the epoch order and its size.
+  std::pair<int64_t, int64_t> batch_span(int64_t b) const;
   void worker_loop();
   void stop_workers();
   Batch deliver(Batch b);  // device batches: the compute stream waits for the upload

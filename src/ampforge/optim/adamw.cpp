@@ -43,10 +43,10 @@ void AdamW::step(const Tensor& found_inf) {
                   model_copy_rounding(i, options.rounding)};
     const Tensor hyper = step_hyper(i);
     if (g.master.defined()) {
-      ops::adamw_step_(g.master, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
-                       g.flat_params, hyper);
+      ops::adamw_step_(g.master, step_grads(i), state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
+                       step_params(i), hyper);
     } else {
-      ops::adamw_step_(g.flat_params, g.flat_grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
+      ops::adamw_step_(step_params(i), step_grads(i), state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
                        Tensor(), hyper);
     }
     if (!skipped && !hyper.defined()) ++g.step;
@@ -78,9 +78,9 @@ void SGD::step(const Tensor& found_inf) {
     Tensor buf = options.momentum > 0 ? state(i, "momentum_buffer") : Tensor();
     const Tensor hyper = step_hyper(i);
     if (g.master.defined())
-      ops::sgd_step_(g.master, g.flat_grads, buf, at, found_inf, g.flat_params, hyper);
+      ops::sgd_step_(g.master, step_grads(i), buf, at, found_inf, step_params(i), hyper);
     else
-      ops::sgd_step_(g.flat_params, g.flat_grads, buf, at, found_inf, Tensor(), hyper);
+      ops::sgd_step_(step_params(i), step_grads(i), buf, at, found_inf, Tensor(), hyper);
     if (!skipped && !hyper.defined()) ++g.step;
   }
 }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <algorithm>
 #include <set>
 
 #include "ampforge/autograd/node.h"
@@ -68,6 +69,37 @@ Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr
   set_device_hyperparams(groups_[0].flat_params.device().is_cuda());
 }
 
+void Optimizer::shard(int rank, int world) {
+  AF_CHECK(world >= 1 && rank >= 0 && rank < world, "optimizer: shard {} of {} does not exist", rank, world);
+  AF_CHECK(!sharded(), "optimizer: already sharded");
+  autograd::NoGradGuard ng;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& g = groups_[gi];
+    AF_CHECK(g.step == 0, "optimizer: shard() must come before the first step");
+    const int64_t n = g.flat_params.numel(), unit = kAlign * world;
+    const int64_t padded = (n + unit - 1) / unit * unit;
+    // Re-lay the flat buffers with the padding at the end: every parameter keeps its offset.
+    Tensor params = ops::zeros({padded}, g.flat_params.dtype(), g.flat_params.device());
+    Tensor grads = ops::zeros({padded}, g.flat_grads.dtype(), g.flat_grads.device());
+    ops::copy_(ops::narrow(params, 0, 0, n), g.flat_params);
+    ops::copy_(ops::narrow(grads, 0, 0, n), g.flat_grads);
+    int64_t off = 0;
+    for (const Tensor& p : g.params) {
+      p.set_data(view_into(params, off, p));
+      p.set_grad(view_into(grads, off, p));
+      off += aligned(p.numel());
+    }
+    g.flat_params = params;
+    g.flat_grads = grads;
+    g.shard_size = padded / world;
+    g.shard_begin = g.shard_size * rank;
+    g.shard_grads = ops::zeros({g.shard_size}, grads.dtype(), grads.device());
+    if (g.master.defined())
+      g.master = ops::to_dtype(ops::narrow(params, 0, g.shard_begin, g.shard_size), DType::F32).contiguous();
+    for (auto& [name, t] : state_[gi]) t = ops::zeros({g.shard_size}, DType::F32, t.device());
+  }
+}
+
 void Optimizer::set_device_hyperparams(bool on) {
   autograd::NoGradGuard ng;
   if (on == device_hyper_) return;
@@ -108,12 +140,33 @@ int64_t Optimizer::steps() const {
 }
 
 void Optimizer::add_state(const std::string& name) {
-  for (size_t i = 0; i < groups_.size(); ++i)
-    state_[i][name] = ops::zeros({groups_[i].flat_params.numel()}, DType::F32, groups_[i].flat_params.device());
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    const ParamGroup& g = groups_[i];
+    state_[i][name] = ops::zeros({g.shard_size > 0 ? g.shard_size : g.flat_params.numel()}, DType::F32,
+                                 g.flat_params.device());
+  }
+}
+
+int64_t Optimizer::unpadded_size(size_t group) const {
+  int64_t n = 0;
+  for (const Tensor& p : groups_[group].params) n += aligned(p.numel());
+  return n;
+}
+
+Tensor Optimizer::step_params(size_t group) const {
+  const ParamGroup& g = groups_[group];
+  return g.shard_size > 0 ? ops::narrow(g.flat_params, 0, g.shard_begin, g.shard_size) : g.flat_params;
+}
+
+Tensor Optimizer::step_grads(size_t group) const {
+  const ParamGroup& g = groups_[group];
+  return g.shard_size > 0 ? g.shard_grads : g.flat_grads;
 }
 
 void Optimizer::check_rounding(const RoundingOptions& r) const {
   if (!r.stochastic) return;
+  AF_CHECK(!sharded(), "optimizer: stochastic rounding cannot be combined with sharded state (--zero 1): its noise "
+                       "is keyed by the element's index in the whole buffer");
   for (size_t i = 0; i < groups_.size(); ++i)
     AF_CHECK(groups_[i].master.defined() && groups_[i].flat_params.dtype() == DType::BF16,
              "optimizer: stochastic rounding applies to BF16 parameters with F32 master weights; group {} has {} "
@@ -147,7 +200,7 @@ void Optimizer::zero_grad() {
 
 std::vector<Tensor> Optimizer::grad_buffers() const {
   std::vector<Tensor> out;
-  for (auto& g : groups_) out.push_back(g.flat_grads);
+  for (size_t i = 0; i < groups_.size(); ++i) out.push_back(step_grads(i));
   return out;
 }
 
@@ -175,14 +228,22 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
   autograd::NoGradGuard ng;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const std::string p = "group" + std::to_string(i) + ".";
-    for (auto& [n, t] : state_[i]) {
-      const Tensor& s = need(p + n);
-      AF_CHECK(s.numel() == t.numel(), "optimizer state '{}{}': {} elements, expected {} (different model?)", p, n,
-               s.numel(), t.numel());
-      ops::copy_(t, ops::to_device(s.reshape(t.shape()), t.device()));
-    }
-    if (groups_[i].master.defined())
-      ops::copy_(groups_[i].master, ops::to_device(need(p + "master"), groups_[i].master.device()));
+    const ParamGroup& g = groups_[i];
+    // Saved buffers hold the group's elements without a sharded layout's padding (data parallel gathers
+    // sharded state that way): a sharded optimizer takes its part, zero past the end.
+    const int64_t plain = unpadded_size(i);
+    auto load_into = [&](Tensor& t, const Tensor& saved, const std::string& name) {
+      AF_CHECK(saved.numel() == plain, "optimizer state '{}{}': {} elements, expected {} (different model?)", p, name,
+               saved.numel(), plain);
+      const int64_t begin = g.shard_size > 0 ? g.shard_begin : 0;
+      const int64_t n = std::min(t.numel(), std::max<int64_t>(0, plain - begin));
+      if (n < t.numel()) ops::fill_(t, 0.0);
+      if (n > 0)
+        ops::copy_(ops::narrow(t.reshape({t.numel()}), 0, 0, n),
+                   ops::to_device(ops::narrow(saved.reshape({saved.numel()}), 0, begin, n), t.device()));
+    };
+    for (auto& [n, t] : state_[i]) load_into(t, need(p + n), n);
+    if (groups_[i].master.defined()) load_into(groups_[i].master, need(p + "master"), "master");
     groups_[i].step = static_cast<int64_t>(need(p + "step").item());
     groups_[i].lr = need(p + "lr").item();
     if (device_hyper_) {

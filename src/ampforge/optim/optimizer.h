@@ -36,6 +36,11 @@ struct ParamGroup {
   // runs in that mode; `step` is then stale and steps()/state_dict() read this tensor.
   Tensor hyper;
   double hyper_lr = -1;  // the lr last written into `hyper` (-1: none yet)
+  // ZeRO-1 (Optimizer::shard): this process steps elements [shard_begin, shard_begin + shard_size) of the
+  // flat buffers; its state and master copy hold those elements only, and shard_grads (shard_size elements,
+  // the parameters' dtype) is the gradient it steps with. shard_size 0: not sharded.
+  int64_t shard_begin = 0, shard_size = 0;
+  Tensor shard_grads;
 };
 
 // How the optimizer writes 16-bit model copies in master-weight mode. Stochastic rounding (BF16 only)
@@ -88,7 +93,23 @@ class Optimizer {
   // replays a captured step calls it before each replay, after changing the lr.
   void sync_hyperparams();
 
-  // Optimizer state (flat buffers and step counts), for checkpoints. Names: "group<i>.<buffer>".
+  // ZeRO stage 1 (optimizer state sharded over the ranks of data parallel, train/data_parallel.h): keeps
+  // the state of shard `rank` of `world` equal parts of each group's flat buffer and steps those elements
+  // only. The flat buffers are padded to a multiple of world x 16 elements (the parameters and their
+  // gradients are re-pointed into the new buffers, values kept); moments and F32 masters shrink to the
+  // shard. The caller fills each group's shard_grads before unscaling and stepping (a reduce-scatter of
+  // flat_grads), and gathers flat_params from every rank's shard after the step (an all-gather):
+  // grad_buffers() returns the shard gradients, so GradScaler unscales exactly what is stepped. Call
+  // before any step or state load. Stochastic rounding is refused (its noise is keyed by element index).
+  void shard(int rank, int world);
+  bool sharded() const { return !groups_.empty() && groups_[0].shard_size > 0; }
+  // Elements of group i's flat buffers without a sharded layout's padding.
+  int64_t unpadded_size(size_t group) const;
+
+  // Optimizer state (flat buffers and step counts), for checkpoints. Names: "group<i>.<buffer>". Sharded,
+  // the per-element buffers are this rank's shard (train/data_parallel.h gathers them for a checkpoint,
+  // without the padding); loading takes this rank's part of an unpadded buffer, so a checkpoint moves
+  // between sharded and plain runs.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   void load_state_dict(const std::vector<std::pair<std::string, Tensor>>& state);
   virtual const char* name() const = 0;
@@ -109,6 +130,9 @@ class Optimizer {
   void add_state(const std::string& name);
   Tensor& state(size_t group, const std::string& name);
 
+  // What the fused kernel steps for group i: the flat parameters and gradients, or this shard of them.
+  Tensor step_params(size_t group) const;
+  Tensor step_grads(size_t group) const;
   // The device hyperparameters to pass to the fused kernel for group i (undefined in host mode); brings
   // them up to date first unless a CUDA graph is being captured.
   Tensor step_hyper(size_t group);

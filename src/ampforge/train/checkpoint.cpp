@@ -36,11 +36,16 @@ void check_checkpoint_path(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
                      const CheckpointInfo& info) {
+  save_checkpoint(path, model, opt, opt.state_dict(), info);
+}
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
+                     const std::vector<std::pair<std::string, Tensor>>& optimizer_state, const CheckpointInfo& info) {
   // The file holds host bytes: device tensors are copied to the CPU (the one synchronisation of a save).
   auto host = [](const Tensor& t) { return t.device().is_cpu() ? t : ops::to_device(t, kCPU); };
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [n, t] : model.state_dict()) tensors.emplace_back("model." + n, host(t));
-  for (auto& [n, t] : opt.state_dict()) tensors.emplace_back("optim." + n, host(t));
+  for (auto& [n, t] : optimizer_state) tensors.emplace_back("optim." + n, host(t));
   for (auto& [n, t] : info.ema) tensors.emplace_back("ema." + n, host(t));
   nlohmann::json pos = {{"epoch", info.pos.epoch}, {"batch_in_epoch", info.pos.batch_in_epoch},
                         {"global_step", info.pos.global_step}};

@@ -6,6 +6,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ampforge/amp/grad_scaler.h"
 #include "ampforge/core/generator.h"
@@ -41,6 +43,9 @@ void check_checkpoint_path(const std::string& path);
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
                      const CheckpointInfo& info);
+// The same with the optimizer's state given (data parallel with sharded optimizer state gathers it first).
+void save_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& opt,
+                     const std::vector<std::pair<std::string, Tensor>>& optimizer_state, const CheckpointInfo& info);
 // Loads into model and optimizer; throws Io / InvalidArgument naming the file and the problem (corrupt,
 // truncated, not a checkpoint, other model, shape mismatch).
 CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,

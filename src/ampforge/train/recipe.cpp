@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/dist/environment.h"
 #include "ampforge/core/safetensors.h"
 #include <filesystem>
 
@@ -105,7 +108,8 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len},
           {"momentum", c.momentum}, {"nesterov", c.nesterov}, {"clip_grad_norm", c.clip_grad_norm}, {"lrf", c.lrf},
           {"nbs", c.nbs}, {"warmup_bias_lr", c.warmup_bias_lr}, {"warmup_momentum", c.warmup_momentum},
-          {"ema", c.ema}, {"ema_decay", c.ema_decay}, {"ema_tau", c.ema_tau}};
+          {"ema", c.ema}, {"ema_decay", c.ema_decay}, {"ema_tau", c.ema_tau},
+          {"world_size", dist::detect_world().size}};
 }
 
 struct Datasets {
@@ -266,11 +270,12 @@ TextSetup make_text_setup(const TrainConfig& cfg, int64_t max_positions) {
 }  // namespace
 
 TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
-                         int64_t classes) {
+                         int64_t classes, int64_t ranks) {
   TrainConfig c = cfg;
   const bool det = task == "detection";
+  const int64_t global_batch = c.batch_size * std::max<int64_t>(ranks, 1);
   if (c.accumulate == 0)
-    c.accumulate = det ? std::max<int64_t>(std::llround(static_cast<double>(c.nbs) / static_cast<double>(c.batch_size)), 1)
+    c.accumulate = det ? std::max<int64_t>(std::llround(static_cast<double>(c.nbs) / static_cast<double>(global_batch)), 1)
                        : 1;
   if (c.schedule == "auto") c.schedule = det ? "linear" : "cosine";
   if (c.lrf < 0) c.lrf = det ? 0.01 : 0.0;
@@ -281,7 +286,7 @@ TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_
   if (c.optimizer == "auto") {
     if (det) {
       // Ultralytics 8.x build_optimizer(name="auto"): iterations of max(batch, nbs) images over the run.
-      const int64_t per = std::max(c.batch_size, c.nbs);
+      const int64_t per = std::max(global_batch, c.nbs);
       const int64_t iterations = (examples + per - 1) / per * c.epochs;
       if (iterations > 10000) {
         c.optimizer = "sgd";
@@ -332,9 +337,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& given, nn::M
   std::vector<optim::ParamGroupSpec> groups;
   if (entry && entry->task == "detection") {
     // Ultralytics' three groups; the decay scaled to the nominal batch: wd x batch x accumulate / nbs.
-    groups = optim::ultralytics_groups(model, wd * static_cast<double>(cfg.batch_size * cfg.accumulate) /
-                                                  static_cast<double>(cfg.nbs),
-                                       cfg.warmup_bias_lr);
+    const double images = static_cast<double>(cfg.batch_size * cfg.accumulate * dist::detect_world().size);
+    groups = optim::ultralytics_groups(model, wd * images / static_cast<double>(cfg.nbs), cfg.warmup_bias_lr);
   } else if (cfg.no_decay_bias_norm) {
     groups = optim::decay_groups(model, wd);
   } else {
@@ -364,10 +368,39 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& given, nn::M
   return std::make_unique<optim::SGD>(groups, o);
 }
 
-TrainResult train(const TrainConfig& given) {
-  validate(given);
+TrainResult train(const TrainConfig& config) {
+  validate(config);
+  AF_CHECK(config.dist_timeout > 0, "--dist-timeout must be positive, got {}", config.dist_timeout);
+  AF_CHECK(config.zero == 0 || config.zero == 1, "--zero must be 0 or 1, got {}", config.zero);
+  AF_CHECK(config.zero == 0 || dist::detect_world().distributed(), "--zero 1 shards the optimizer state over the "
+           "ranks of a data-parallel job: start the ranks with mpirun, srun, torchrun or `ampforge launch`");
+  TrainConfig given = config;  // the data-parallel setup below may quiet this rank
   TrainerOptions to;
   to.device = parse_device(given.device);
+  // Data parallel when a launcher started this process: one GPU per rank (cuda = cuda:<local rank>), and on the
+  // CPU the cores shared among the host's ranks.
+  const dist::WorldInfo world = dist::detect_world();
+  dist::CommunicatorPtr comm;
+  if (world.distributed()) {
+    if (given.device == "cuda") to.device = Device(DeviceType::CUDA, world.local_rank);
+    if (to.device.is_cuda())
+      AF_CHECK(to.device.index < cuda::device_count(), "rank {}: device {} does not exist ({} CUDA devices{}{})",
+               world.rank, to.device.str(), cuda::device_count(), cuda::device_count() == 0 ? ": " : "",
+               cuda::unavailable_reason());
+    dist::InitOptions io;
+    io.device = to.device;
+    io.timeout_s = given.dist_timeout;
+    if (to.device.is_cuda()) io.compute_stream = cuda::compute_stream(to.device.index);
+    comm = dist::init_process_group(world, io);
+    if (comm->rank() != 0) given.verbose = given.progress = false;
+    if (given.threads == 0 && to.device.is_cpu())
+      set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size)));
+    to.data_parallel.communicator = comm;
+    to.data_parallel.bucket_cap_mb = given.bucket_mb;
+    to.data_parallel.first_bucket_mb = given.first_bucket_mb;
+    to.data_parallel.overlap = given.overlap;
+    to.data_parallel.zero = given.zero;
+  }
   if (given.threads > 0) set_num_threads(given.threads);
   manual_seed(given.seed);
   memory::install_host_caching_allocator();  // before the model: its parameters come from the cache too
@@ -376,13 +409,21 @@ TrainResult train(const TrainConfig& given) {
   AF_CHECK(!masked_lm || given.dataset == "text" || given.dataset == "synthetic", "--model {} is a masked language "
            "model: use --dataset text --corpus wordnet|FILE (or --dataset synthetic)", given.model);
   AF_CHECK(masked_lm || given.dataset != "text", "--dataset text needs a masked language model (--model bert-mini, ...)");
+  // Data sets that are prepared on first use (a learned vocabulary, token files, the composed detection set)
+  // are written by rank 0 while the others wait, then read by everyone.
+  if (comm && comm->rank() != 0) comm->barrier();
   std::optional<TextSetup> text;
   if (masked_lm) text = make_text_setup(given, models::bert_config(given.model).max_position_embeddings);
   const Datasets ds = masked_lm ? text->data : make_datasets(given, entry.defaults.in_channels);
+  if (comm && comm->rank() == 0) comm->barrier();
 
-  // Every "auto" value decided, now that the data set is known; `cfg` is what the run uses (and records).
-  const int64_t batches_per_epoch = (ds.train->size() + given.batch_size - 1) / given.batch_size;
-  const TrainConfig cfg = resolve_auto(given, entry.task, ds.train->size(), batches_per_epoch, ds.train->num_classes());
+  // Every "auto" value decided, now that the data set is known; `cfg` is what the run uses (and records). With
+  // data parallel the global batch is --batch x ranks.
+  const int64_t ranks = comm ? comm->size() : 1;
+  const int64_t global_batch = given.batch_size * ranks;
+  const int64_t batches_per_epoch = (ds.train->size() + global_batch - 1) / global_batch;
+  const TrainConfig cfg =
+      resolve_auto(given, entry.task, ds.train->size(), batches_per_epoch, ds.train->num_classes(), ranks);
   const data::Normalization norm = ds.train->normalization();
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch_size;

@@ -94,15 +94,23 @@ struct TrainConfig {
   std::string device = "cpu";              // cpu | cuda | cuda:N
   bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
   int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
+  // Data parallel: on when the process was started by mpirun/srun, torchrun or `ampforge launch`
+  // (dist/environment.h); batch_size is then per rank. --device cuda means cuda:<LOCAL_RANK>.
+  double bucket_mb = 25;                   // gradient bucket size (MiB)
+  double first_bucket_mb = 1;              // the first (last layers') bucket
+  double dist_timeout = 300;               // seconds for the rendezvous of the ranks
+  bool overlap = true;                     // start buckets' all-reduce from the backward pass
+  int zero = 0;                            // 1: ZeRO-1, optimizer state sharded over the ranks
 };
 
 // Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.
 TrainResult train(const TrainConfig& cfg);
 
 // The config with every "auto" value decided (see the fields) for a training split of `examples` examples in
-// `batches_per_epoch` batches with `classes` classes, for a model of `task` ("detection", ...).
+// `batches_per_epoch` global batches with `classes` classes, for a model of `task` ("detection", ...), trained
+// by `ranks` data-parallel processes (the global batch is batch x ranks, as Ultralytics' DDP splits it).
 TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
-                         int64_t classes);
+                         int64_t classes, int64_t ranks = 1);
 
 // The learning rate the run uses (lr, or lr scaled by the batch when lr_reference_batch > 0).
 double effective_lr(const TrainConfig& cfg);

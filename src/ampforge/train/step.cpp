@@ -43,6 +43,7 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
              "shape {} {}", task.name(), loss.shape().str(), dtype_name(loss.dtype()));
     if (o.after_forward) o.after_forward(loss);
     Tensor lt = ops::to_dtype(loss.detach(), DType::F32).reshape({});
+    if (o.data_parallel != nullptr) lt = o.data_parallel->average(lt);
     if (o.read_loss) {
       const double lv = [&] {
         profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
@@ -63,6 +64,8 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
       loss_sum_t = loss_sum_t.defined() ? ops::add(loss_sum_t, lt) : lt;
     }
     profiler::Range bwd_range("backward", profiler::RangeKind::Phase);
+    // The last micro-batch's backward may start the gradients' all-reduce (data parallel's overlap).
+    if (o.data_parallel != nullptr && &b == &micro.back()) o.data_parallel->arm();
     Tensor scaled = micro.size() > 1 && !o.sum_micro_batches ? mul(loss, inv_count) : loss;
     scaler.scale(scaled).backward();
   }
@@ -71,10 +74,18 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
     r.loss_tensor = micro.size() > 1 ? ops::mul_scalar(loss_sum_t, inv_count) : loss_sum_t;
   }
   r.loss = o.read_loss ? loss_sum * inv_count : std::nan("");
+  if (o.data_parallel != nullptr) {
+    profiler::Range comm_range("all-reduce", profiler::RangeKind::Phase);
+    o.data_parallel->reduce_gradients();
+  }
   profiler::Range opt_range("optimizer", profiler::RangeKind::Phase);
   r.backward_ran = true;
-  if (o.clip_grad_norm > 0) {
+  if (o.data_parallel != nullptr && scaler.is_enabled()) {
     scaler.unscale_(opt);
+    o.data_parallel->combine_found_inf(scaler.found_inf(opt));
+  }
+  if (o.clip_grad_norm > 0) {
+    if (o.data_parallel == nullptr || !scaler.is_enabled()) scaler.unscale_(opt);
     if (o.read_loss) optim::clip_grad_norm_(opt, o.clip_grad_norm);
     else optim::clip_grad_norm_on_device_(opt, o.clip_grad_norm);
   }
@@ -85,6 +96,7 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
   } else {
     r.stepped = scaler.step(opt);
   }
+  if (o.data_parallel != nullptr) o.data_parallel->gather_parameters();  // ZeRO-1: the shards to every rank
   scaler.update();
   return r;
 }

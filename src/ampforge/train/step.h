@@ -22,6 +22,7 @@
 #include "ampforge/optim/lr_scheduler.h"
 #include "ampforge/optim/optimizer.h"
 #include "ampforge/tasks/task.h"
+#include "ampforge/train/data_parallel.h"
 
 namespace ampforge::train {
 
@@ -41,6 +42,10 @@ struct StepOptions {
   // GradScaler is enabled or the loss can be non-finite.
   bool read_loss = true;
   bool sum_micro_batches = false;  // accumulate the micro-batches' gradients without dividing (see above)
+  // Data parallel (train/data_parallel.h): each micro-batch's loss is averaged over the ranks before it is
+  // looked at (so every rank takes the same non-finite-loss decision), the gradients are averaged after the
+  // last micro-batch's backward, and GradScaler's found-inf is combined over the ranks before the step.
+  DataParallel* data_parallel = nullptr;
 };
 
 struct StepResult {
@@ -53,9 +58,11 @@ struct StepResult {
   bool stepped = false;  // the optimizer updated the parameters (false: skipped for Inf/NaN gradients)
 };
 
-// schedule -> zero_grad -> per micro-batch: forward + task loss (autocast for F16/BF16) -> loss.item()
-// (unless read_loss is false) -> scaled backward of loss / micro.size() -> optional unscale + gradient
-// clipping -> scaler.step -> scaler.update. `model` must be in training mode and the batches on its
+// schedule -> zero_grad -> per micro-batch: forward + task loss (autocast for F16/BF16) -> [data parallel:
+// loss averaged over the ranks] -> loss.item() (unless read_loss is false) -> scaled backward of
+// loss / micro.size() -> [data parallel: gradients averaged over the ranks, in buckets] -> unscale (always
+// with data parallel and a scaler, then found-inf combined over the ranks; else only for clipping) ->
+// optional gradient clipping -> scaler.step -> scaler.update. `model` must be in training mode and the batches on its
 // device; `micro` must not be empty. Profiler ranges: "optimizer", "forward", "loss.item", "backward".
 StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& opt, amp::GradScaler& scaler,
                       std::span<const data::Batch> micro, const StepOptions& options);

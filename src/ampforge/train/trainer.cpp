@@ -5,6 +5,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ampforge/amp/autocast.h"
 #include "ampforge/amp/grad_scaler.h"
@@ -40,6 +41,32 @@ void train_on_sigint(int) {
 }  // namespace
 
 void install_sigint_handler() { std::signal(SIGINT, train_on_sigint); }
+
+namespace {
+// Defers SIGTERM while a checkpoint is written: a launcher stopping a job (mpirun, `ampforge launch`, Slurm)
+// sends SIGTERM before SIGKILL, and the file must be complete when the process dies. The handler is
+// process-wide, so it holds whichever thread the signal lands on.
+std::atomic<bool> g_sigterm_pending{false};
+void defer_sigterm(int) { g_sigterm_pending.store(true); }
+class SigtermDeferred {
+ public:
+  SigtermDeferred() {
+    struct sigaction sa{};
+    sa.sa_handler = defer_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_);
+  }
+  ~SigtermDeferred() {
+    sigaction(SIGTERM, &old_, nullptr);
+    if (g_sigterm_pending.exchange(false)) std::raise(SIGTERM);
+  }
+  SigtermDeferred(const SigtermDeferred&) = delete;
+  SigtermDeferred& operator=(const SigtermDeferred&) = delete;
+
+ private:
+  struct sigaction old_{};
+};
+}  // namespace
 
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s) {
   const size_t colon = s.find(':');
@@ -99,6 +126,16 @@ tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& 
   return ev->result();
 }
 
+// Rank 0's metrics on every rank (only rank 0 evaluates in a data-parallel run).
+tasks::Metrics broadcast_metrics(dist::Communicator& comm, const tasks::Metrics& m) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const tasks::Metric& x : m) j.push_back({x.name, x.value, x.fraction});
+  const nlohmann::json got = nlohmann::json::parse(comm.broadcast_string(j.dump(), 0));
+  tasks::Metrics out;
+  for (const auto& e : got) out.push_back({e[0].get<std::string>(), e[1].get<double>(), e[2].get<bool>()});
+  return out;
+}
+
 double metric_or_zero(const tasks::Metrics& m, const char* name) {
   const double v = tasks::metric_value(m, name);
   return std::isnan(v) ? 0.0 : v;
@@ -119,8 +156,21 @@ Trainer::Trainer(nn::ModulePtr model, std::shared_ptr<tasks::Task> task, Optimiz
   memory::install_host_caching_allocator();
   if (o_.master_weights) model_->to(o_.precision);
   if (o_.device.is_cuda()) model_->to(o_.device);
+  const dist::CommunicatorPtr& comm = o_.data_parallel.communicator;
+  if (comm) {
+    AF_CHECK(comm->device() == o_.device, "data parallel: the communicator ({}) works on {}, the trainer's device is {}",
+             comm->backend(), comm->device().str(), o_.device.str());
+    AF_CHECK(!o_.cuda_graphs, "--cuda-graphs cannot be combined with data parallel: the collectives run on NCCL's "
+                              "own stream, outside the captured step");
+    AF_CHECK(o_.data_parallel.zero == 0 || o_.clip_grad_norm == 0, "--clip-grad cannot be combined with --zero 1 yet "
+             "(each rank holds a shard of the gradients; the norm would need a reduction across the ranks)");
+    if (comm->rank() != 0) o_.progress = o_.verbose = false;
+    // Before the optimizer: it copies the parameters (and F32 masters of 16-bit ones) into its buffers.
+    sync_model_from_rank0(*comm, *model_);
+  }
   opt_ = make_optimizer(*model_);
   AF_CHECK(opt_ != nullptr, "Trainer: the optimizer factory returned no optimizer");
+  if (comm) dp_ = std::make_unique<DataParallel>(comm, *opt_, o_.data_parallel);
 }
 
 Trainer::~Trainer() = default;
@@ -147,6 +197,11 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // ---- data
   data::LoaderOptions lo = o_.loader;
   lo.device = dev;
+  DataParallel* dp = dp_.get();
+  const int world = dp ? dp->comm().size() : 1;
+  const int rank = dp ? dp->comm().rank() : 0;
+  lo.shard_rank = rank;
+  lo.shard_count = world;
   data::DataLoader train_loader(train_data, lo);
   std::optional<data::DataLoader> eval_loader;
   if (eval_data) {
@@ -176,9 +231,16 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.task = task.name();
   r.primary_metric = task.primary_metric();
   r.parameters = model.num_parameters();
-
+  r.world_size = world;
+  r.rank = rank;
   std::optional<ModelEma> ema;
   if (o_.ema.enabled) ema.emplace(model, o_.ema);
+  // Rank 0 alone evaluates in a data-parallel run; the others receive its metrics. With a weight average, on it.
+  auto run_eval = [&] {
+    tasks::Metrics m;
+    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
+    return dp ? broadcast_metrics(dp->comm(), m) : m;
+  };
   CheckpointPosition pos;
   if (!o_.resume.empty()) {
     CheckpointInfo info = load_checkpoint(o_.resume, model, opt, label);
@@ -199,6 +261,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   if (!o_.save.empty()) check_checkpoint_path(o_.save);
   auto save = [&](const CheckpointPosition& p) {
     if (o_.save.empty()) return;
+    r.checkpoint = o_.save;
+    // Sharded optimizer state is gathered from every rank (all call this); rank 0 writes the job's checkpoint.
+    const auto opt_state = dp ? dp->optimizer_state() : opt.state_dict();
+    if (rank != 0) return;
     CheckpointInfo info;
     info.model = label;
     info.pos = p;
@@ -209,17 +275,23 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       info.ema = ema->full_state_dict(model);
       info.ema_updates = ema->updates();
     }
-    save_checkpoint(o_.save, model, opt, info);
-    r.checkpoint = o_.save;
+    SigtermDeferred whole_file;
+    save_checkpoint(o_.save, model, opt, opt_state, info);
   };
 
   if (o_.verbose)
     std::fprintf(stderr, "ampforge train: %s (%lld parameters), %s, %lld epochs x %lld steps, batch %lld%s, %s, %s, "
-                 "%d threads%s%s\n", label.c_str(), static_cast<long long>(r.parameters), task.name().c_str(),
+                 "%d threads%s%s%s\n", label.c_str(), static_cast<long long>(r.parameters), task.name().c_str(),
                  static_cast<long long>(o_.epochs), static_cast<long long>(steps_per_epoch),
                  static_cast<long long>(lo.batch_size), k > 1 ? fmt::format(" x {} accumulated", k).c_str() : "",
                  opt.name(), r.precision.c_str(), get_num_threads(), on_cuda ? (", device " + r.device).c_str() : "",
-                 o_.cuda_graphs ? ", CUDA graphs" : "");
+                 o_.cuda_graphs ? ", CUDA graphs" : "",
+                 dp ? fmt::format(", data parallel: {} ranks ({}, {}), global batch {}", world, dp->comm().backend(),
+                                  dp->zero_stage() == 1 ? std::string("ZeRO-1: optimizer state sharded")
+                                  : fmt::format("{} gradient buckets{}", dp->buckets().size(),
+                                                o_.data_parallel.overlap ? " started from backward" : ""),
+                                  lo.batch_size * world * k).c_str()
+                    : "");
 
   StepOptions step_opts;
   step_opts.precision = o_.precision;
@@ -228,6 +300,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   step_opts.schedule = &sched;
   // CUDA: the step keeps every decision on the device (no synchronisation), losses are read in blocks.
   step_opts.read_loss = !on_cuda;
+  step_opts.data_parallel = dp;
   std::optional<DeviceLosses> dev_losses;
   if (on_cuda) dev_losses.emplace(dev, o_.loss_read_interval);
   StepGraph graph;
@@ -287,18 +360,20 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       }
       if (micro.empty()) break;
       const int64_t n_micro = static_cast<int64_t>(micro.size());
-      int64_t step_samples = 0;
-      for (const data::Batch& b : micro) step_samples += b.x.shape()[0];
+      int64_t step_samples = 0;  // over every rank (their shards have the same size)
+      for (const data::Batch& b : micro) step_samples += b.x.shape()[0] * world;
+      bool losses_read = !on_cuda;  // a point where the host knows the losses (CUDA: every loss_read_interval)
       step_opts.global_step = pos.global_step;
       if (on_cuda) {
         // Graphs need static shapes: full steps only (a short last step runs eagerly).
-        const bool graphable = o_.cuda_graphs && n_micro == k && step_samples == k * lo.batch_size &&
+        const bool graphable = o_.cuda_graphs && n_micro == k && step_samples == k * lo.batch_size * world &&
                                pos.global_step - first_step_of_run >= StepGraph::kWarmupSteps && graph.fits(micro);
         const Tensor loss = graphable ? graph.run(model, task, opt, scaler, micro, step_opts)
                                       : train_step(model, task, opt, scaler, micro, step_opts).loss_tensor;
         // After every optimizer step, skipped ones too (the skip is the device's decision), as Ultralytics.
         if (ema) ema->update(model);
-        if (dev_losses->add(loss) && !take_device_losses()) {
+        losses_read = dev_losses->add(loss);
+        if (losses_read && !take_device_losses()) {
           r.stopped_reason = nan.reason();
           ++pos.global_step;
           save({epoch, b_in_epoch + n_micro, pos.global_step});
@@ -328,7 +403,11 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                  fmt::format("loss {:.4f} {:.0f} samples/s", last_loss,
                              static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
       const bool at_max = o_.max_steps >= 0 && pos.global_step >= o_.max_steps;
-      if (stop_requested().load() || at_max) {
+      // Ctrl-C reaches the ranks at different steps: they agree to stop together, where the host is free to
+      // ask (every step on the CPU, at loss reads on CUDA, so a CUDA step never waits for the host).
+      bool stop = stop_requested().load();
+      if (dp) stop = losses_read && dp->any(stop);
+      if (stop || at_max) {
         take_device_losses();
         const bool epoch_done = b_in_epoch >= batches_per_epoch;
         CheckpointPosition p{epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : b_in_epoch, pos.global_step};
@@ -352,7 +431,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     }
     std::string eval_text;
     if (eval_loader) {
-      r.eval = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
+      r.eval = run_eval();
       r.epoch_eval.push_back(r.eval);
       r.epoch_accuracy.push_back(metric_or_zero(r.eval, "accuracy"));
       for (const tasks::Metric& m : r.eval)
@@ -366,8 +445,9 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   }
   // Stopped by --max-steps before an epoch ended: evaluate once so the summary has the metrics. After
   // Ctrl-C the user wants out, and after a non-finite loss the model is not worth evaluating.
-  if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader)
-    r.eval = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
+  if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader) r.eval = run_eval();
+  // Every rank ends with rank 0's BatchNorm statistics, so the ranks' models are identical.
+  if (dp) broadcast_buffers(dp->comm(), model);
   r.test_accuracy = metric_or_zero(r.eval, "accuracy");
   r.test_loss = metric_or_zero(r.eval, "loss");
   if (prof) {

@@ -25,6 +25,7 @@
 #include "ampforge/optim/optimizer.h"
 #include "ampforge/profiler/profile_data.h"
 #include "ampforge/tasks/task.h"
+#include "ampforge/train/data_parallel.h"
 #include "ampforge/train/ema.h"
 #include "ampforge/train/nan_policy.h"
 
@@ -63,6 +64,12 @@ struct TrainerOptions {
   // An average of the weights (train/ema.h), updated after every optimizer step; evaluation runs on it and
   // checkpoints keep it. Off by default (the detection recipe turns it on, as Ultralytics does).
   EmaOptions ema{};
+  // Data parallel (train/data_parallel.h): with a communicator, this process is one rank of a job. Each rank
+  // reads its shard of every global batch (`loader.batch_size` examples; the global batch is that x the
+  // ranks), gradients are averaged over the ranks, rank 0 alone evaluates (the metrics go to every rank)
+  // and writes checkpoints, and every rank resumes from the same file. The communicator's device must be
+  // `device` (MPI: cpu; NCCL: the rank's cuda device). Ranks other than 0 print nothing.
+  DataParallelOptions data_parallel{};
 };
 
 struct TrainResult {
@@ -93,7 +100,9 @@ struct TrainResult {
   int64_t host_syncs = 0;
   bool interrupted = false;
   std::string stopped_reason;  // "" | "interrupted" | "max_steps" | "non-finite loss at step N"
-  std::string checkpoint;      // path written, if any
+  std::string checkpoint;      // path written, if any (by rank 0 in a data-parallel run)
+  int world_size = 1;          // ranks of a data-parallel run (1: one process)
+  int rank = 0;
   std::shared_ptr<const profiler::ProfileData> profile;  // set when profiling was on
 };
 
@@ -122,6 +131,7 @@ class Trainer {
   nn::ModulePtr model_;
   std::shared_ptr<tasks::Task> task_;
   std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<DataParallel> dp_;
   TrainerOptions o_;
   bool used_ = false;
 };

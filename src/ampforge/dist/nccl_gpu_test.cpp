@@ -1,0 +1,90 @@
+// NCCL on a GPU (label gpu: skipped without a CUDA device). A world of one rank runs through the whole NCCL
+// path: the torchrun-style bootstrap (TCP store on rank 0, the unique id through it), every collective on
+// device tensors with the NCCL stream ordered against the compute stream, and a data-parallel training run
+// that must equal the same run without data parallel bit for bit (one rank: averaging is the identity).
+#include "ampforge/dist/nccl_communicator.h"
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/generator.h"
+#include "ampforge/data/dataset.h"
+#include "ampforge/dist/dist_test_util.h"
+#include "ampforge/dist/environment.h"
+#include "ampforge/models/registry.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/optim/adamw.h"
+#include "ampforge/tasks/classification.h"
+#include "ampforge/train/trainer.h"
+
+namespace ampforge::dist {
+namespace {
+
+CommunicatorPtr world_of_one() {
+  testing::ScopedEnv env(testing::world_of_one_env());
+  InitOptions o;
+  o.device = Device(DeviceType::CUDA, 0);
+  o.compute_stream = cuda::compute_stream(0);
+  return init_process_group(detect_world(), o);
+}
+
+#define AF_REQUIRE_GPU_AND_NCCL()                                                                \
+  do {                                                                                           \
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason(); \
+    ASSERT_TRUE(nccl_status().available) << nccl_status().reason;                                 \
+  } while (0)
+
+TEST(DistNccl, CollectivesOnAWorldOfOne) {
+  AF_REQUIRE_GPU_AND_NCCL();
+  CommunicatorPtr c = world_of_one();
+  EXPECT_STREQ(c->backend(), "nccl");
+  const Device dev(DeviceType::CUDA, 0);
+  for (DType d : {DType::F32, DType::F16, DType::BF16}) {
+    Tensor host = ops::to_dtype(ops::arange(0, 1000, 1, DType::F32), d);
+    Tensor t = ops::to_device(host, dev);
+    WorkPtr w = c->all_reduce(t, ReduceOp::Avg);
+    w->wait();  // device-side: the copy below is ordered after it
+    Tensor back = ops::to_device(t, kCPU);
+    EXPECT_EQ(std::memcmp(back.data_ptr(), host.data_ptr(), static_cast<size_t>(host.nbytes())), 0) << dtype_name(d);
+    EXPECT_TRUE(w->is_completed());
+    Tensor out = ops::zeros({1000}, d, dev);
+    c->all_gather(t, out)->wait();
+    c->reduce_scatter(t, out, ReduceOp::Sum)->wait();
+    c->broadcast(out, 0)->wait();
+    back = ops::to_device(out, kCPU);
+    EXPECT_EQ(std::memcmp(back.data_ptr(), host.data_ptr(), static_cast<size_t>(host.nbytes())), 0) << dtype_name(d);
+  }
+  EXPECT_EQ(c->all_gather_u64(42), std::vector<uint64_t>{42});
+  c->barrier();
+}
+
+TEST(DistNccl, DataParallelWorldOfOneEqualsPlainTraining) {
+  AF_REQUIRE_GPU_AND_NCCL();
+  auto data = std::make_shared<data::SyntheticDataset>(64, Shape{1, 28, 28}, 10, 1);
+  auto run = [&](CommunicatorPtr comm) {
+    manual_seed(7);
+    train::TrainerOptions o;
+    o.device = Device(DeviceType::CUDA, 0);
+    o.max_steps = 4;
+    o.precision = DType::F16;
+    o.loader.batch_size = 16;
+    o.loader.workers = 0;
+    o.progress = o.verbose = false;
+    o.data_parallel.communicator = std::move(comm);
+    train::Trainer t(models::create("cnn", {}), std::make_shared<tasks::ClassificationTask>(),
+                     [](nn::Module& m) { return std::make_unique<optim::AdamW>(m.parameters()); }, o);
+    t.fit(data, nullptr);
+    std::vector<Tensor> params;
+    for (const Tensor& p : t.model().parameters()) params.push_back(ops::to_device(p.detach(), kCPU));
+    return params;
+  };
+  const std::vector<Tensor> plain = run(nullptr), dp = run(world_of_one());
+  ASSERT_EQ(plain.size(), dp.size());
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_EQ(std::memcmp(plain[i].data_ptr(), dp[i].data_ptr(), static_cast<size_t>(plain[i].nbytes())), 0) << i;
+}
+
+}  // namespace
+}  // namespace ampforge::dist
