@@ -37,6 +37,10 @@ struct StepOptions {
   // clipping keeps its norm on the device. Needs an optimizer with device hyperparameters when a
   // GradScaler is enabled or the loss can be non-finite.
   bool read_loss = true;
+  // Rebuild cheap activations (batch norm, relu, residual sums) in backward instead of keeping them: less
+  // activation memory for a few extra elementwise passes, bit-identical gradients (autograd/node.h,
+  // RecomputeGuard; docs/MEMORY.md "Activation memory").
+  bool recompute = false;
 };
 
 struct StepResult {

@@ -35,6 +35,7 @@ struct TrainerOptions {
   int64_t accumulate = 1;       // micro-batches per optimizer step (gradient accumulation)
   DType precision = DType::F32;  // F32 | F16 | BF16 (autocast; F16 adds a GradScaler)
   bool master_weights = false;   // parameters in `precision` with F32 masters in the optimizer (Apex O2)
+  bool recompute = false;        // rebuild cheap activations in backward (StepOptions::recompute)
   double clip_grad_norm = 0;     // 0: off
   NanPolicy nan_policy = NanPolicy::Stop;
   // LR schedule over the run. total_steps 0: the run's optimizer steps (epochs x steps per epoch).
