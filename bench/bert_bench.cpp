@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   Args a;
   auto usage = [] {
     std::fprintf(stderr, "usage: bert_bench [--threads N] [--steps N] [--warmup N] [--batch N] [--seq N] "
-                         "[--config base|mini|tiny] [--head masked|full] [--precision fp32,bf16] [--no-peer]\n");
+                         "[--config base|mini|tiny] [--head masked|full] [--precision fp32,bf16] [--no-peer]\n"
+                         "CPU only; GPUs: ampforge bench --device cuda\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
       (a.head != "masked" && a.head != "full") || (a.config != "base" && a.config != "mini" && a.config != "tiny"))
     return usage();
   af::set_num_threads(a.threads);
-  std::printf("BERT-%s masked-LM training step (forward + loss + backward + AdamW, dropout 0.1, head at %s), "
+  std::printf("BERT-%s masked-LM training step on the CPU (forward + loss + backward + AdamW, dropout 0.1, head at %s), "
               "batch %lld x %lld tokens, %d threads, synthetic ids, %d warm-up + %d timed steps (median; mean)\n",
               a.config.c_str(), a.head == "masked" ? "the masked positions" : "every position",
               static_cast<long long>(a.batch), static_cast<long long>(a.seq), a.threads, a.warmup, a.steps);

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batches")) batches = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--image-folder")) folder = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: data_bench [--examples N] [--batch N] [--workers N] [--batches N] [--image-folder DIR]\n");
+      std::fprintf(stderr, "usage: data_bench [--examples N] [--batch N] [--workers N] [--batches N] [--image-folder DIR]\n"
+                           "(the CPU side of data loading; batches stay on the host)\n");
       return 2;
     }
   }

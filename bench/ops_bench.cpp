@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: ops_bench [--threads N]\n");
+      std::fprintf(stderr, "usage: ops_bench [--threads N]   (CPU only; GPUs: ampforge bench --device cuda)\n");
       return 2;
     }
   }
@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   ours["sum_4M"] = timeit([&] { af::ops::sum(x); });
 
   auto peer = af::bench::run_peer("ops --threads " + std::to_string(threads));
-  std::printf("ops, %d threads (ratio = PyTorch time / ampforge time; > 1: ampforge faster)\n", threads);
+  std::printf("ops on the CPU, %d threads (ratio = PyTorch time / ampforge time; > 1: ampforge faster); %s\n", threads,
+              "CPU only: GPUs are measured by `ampforge bench --device cuda`");
   std::printf("%-20s %14s %14s %8s\n", "op", "ampforge ms", "PyTorch ms", "ratio");
   for (auto& [name, t] : ours) {
     if (peer && (*peer)["seconds"].contains(name)) {

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: profiler_overhead [--steps N] [--rounds N] [--batch N] [--threads N]\n");
+      std::fprintf(stderr, "usage: profiler_overhead [--steps N] [--rounds N] [--batch N] [--threads N]\n"
+                           "(CPU only: the profiler's cost on CPU training steps)\n");
       return 2;
     }
   }

@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
   Args a;
   auto usage = [] {
     std::fprintf(stderr, "usage: resnet_bench [--threads N] [--steps N] [--warmup N] [--batch N] [--size N] "
-                         "[--optimizer sgd|adamw] [--precision fp32,bf16,fp16] [--no-peer] [--profile]\n");
+                         "[--optimizer sgd|adamw] [--precision fp32,bf16,fp16] [--no-peer] [--profile]\n"
+                         "CPU only; GPUs: ampforge bench --device cuda\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
       (a.optimizer != "sgd" && a.optimizer != "adamw"))
     return usage();
   af::set_num_threads(a.threads);
-  std::printf("ResNet-50 training step (forward + cross-entropy + backward + %s), batch %lld, %lldx%lld, %d threads, "
+  std::printf("ResNet-50 training step on the CPU (forward + cross-entropy + backward + %s), batch %lld, %lldx%lld, %d threads, "
               "synthetic data, %d warm-up + %d timed steps (median; mean in brackets)\n",
               a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.size),
               static_cast<long long>(a.size), a.threads, a.warmup, a.steps);

@@ -54,13 +54,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: train_bench [--threads N] [--steps N] [--batch N]\n");
+      std::fprintf(stderr, "usage: train_bench [--threads N] [--steps N] [--batch N]   (CPU only; GPUs: ampforge bench --device cuda)\n");
       return 2;
     }
   }
   af::set_num_threads(threads);
-  std::printf("small CNN training, batch %lld, AdamW, %d threads, %d timed steps\n", static_cast<long long>(batch),
-              threads, steps);
+  std::printf("small CNN training on the CPU, batch %lld, AdamW, %d threads, %d timed steps (CPU only: GPUs are measured "
+              "by `ampforge bench --device cuda`)\n",
+              static_cast<long long>(batch), threads, steps);
   std::printf("%-10s %18s %18s %10s\n", "precision", "ampforge samples/s", "PyTorch samples/s", "ratio");
   double af32 = 0;
   for (const char* p : {"fp32", "bf16", "fp16"}) {

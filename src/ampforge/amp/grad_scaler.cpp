@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ampforge/autograd/functions.h"
+#include "ampforge/backends/meta/meta.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/ops/ops.h"
 
@@ -49,7 +50,7 @@ void GradScaler::unscale_(optim::Optimizer& o) {
   // backend has no F64 arithmetic: there the reciprocal is one correctly rounded F32 division, which is the
   // same value whenever the scale is a power of two (always, from the default init_scale, growth and
   // backoff factors).
-  Tensor inv = scale_.device().is_cpu()
+  Tensor inv = meta::stands_for(scale_.device()) == DeviceType::CPU
                    ? ops::to_dtype(ops::div(ops::ones({}, DType::F64, scale_.device()), ops::to_dtype(scale_, DType::F64)),
                                    DType::F32)
                    : ops::div(ops::ones({}, DType::F32, scale_.device()), scale_);
@@ -82,7 +83,9 @@ bool GradScaler::step(optim::Optimizer& o) {
     st.stage = Stage::Stepped;
     return true;
   }
-  const bool overflow = st.found_inf.item() != 0.0;  // the one host read per step (host-mode optimizer)
+  // The one host read per step (host-mode optimizer). A meta device has no values: it assumes no Inf/NaN
+  // gradient, the common case, so the optimizer step (and its memory) is part of a meta step.
+  const bool overflow = !st.found_inf.device().is_meta() && st.found_inf.item() != 0.0;
   if (!overflow) o.step();
   else ++skipped_;
   st.stage = Stage::Stepped;

@@ -8,6 +8,7 @@ namespace ampforge::autograd {
 namespace {
 std::atomic<uint64_t> g_sequence{0};
 thread_local bool t_grad_enabled = true;
+thread_local bool t_recompute = false;
 }  // namespace
 
 Node::Node() : sequence_nr(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
@@ -31,12 +32,18 @@ Grads AccumulateGrad::apply(Grads&& grads) {
 
 SavedTensor::SavedTensor(const Tensor& t) {
   if (!t.defined()) return;
+  was_defined_ = true;
+  if (is_recomputable(t)) {
+    source_ = std::static_pointer_cast<FunctionNode>(t.grad_fn());
+    source_output_ = t.output_nr();
+    return;
+  }
   t_ = t.detach();
   version_ = t.storage()->version();
-  was_defined_ = true;
 }
 
 Tensor SavedTensor::get() const {
+  if (source_ != nullptr) return source_->recompute(source_output_);
   if (!t_.defined()) {
     AF_CHECK(!was_defined_, "autograd: trying to backward through the graph a second time (or directly access saved "
                             "tensors after they have already been freed); pass retain_graph=true to backward() the "
@@ -50,10 +57,37 @@ Tensor SavedTensor::get() const {
   return t_;
 }
 
+Tensor FunctionNode::recompute(uint32_t output_nr) const {
+  AF_CHECK(recompute_ != nullptr, "autograd: trying to rebuild an output of {} after its backward ran (a second "
+           "backward?); pass retain_graph=true to backward() the first time if you need to", name_);
+  if (keep_ && output_nr == 0) {
+    if (!cached_.defined()) cached_ = recompute_(0);
+    return cached_;
+  }
+  return recompute_(output_nr);
+}
+
 Grads FunctionNode::apply(Grads&& grads) {
   AF_CHECK(fn_ != nullptr, "autograd: trying to backward through the graph a second time ({} was already freed); "
                            "pass retain_graph=true to backward() the first time if you need to", name_);
   return fn_(grads);
+}
+
+bool recompute_enabled() { return t_recompute; }
+RecomputeGuard::RecomputeGuard(bool on) : prev_(t_recompute) { t_recompute = on; }
+RecomputeGuard::~RecomputeGuard() { t_recompute = prev_; }
+
+bool is_recomputable(const Tensor& t) {
+  if (!t.defined()) return false;
+  const auto* fn = dynamic_cast<const FunctionNode*>(t.grad_fn().get());
+  return fn != nullptr && fn->can_recompute();
+}
+
+void set_recompute(const std::shared_ptr<Node>& node, FunctionNode::Recompute r, bool keep) {
+  if (node == nullptr || !t_recompute) return;
+  auto* fn = dynamic_cast<FunctionNode*>(node.get());
+  AF_ASSERT(fn != nullptr, "set_recompute: {} is not a FunctionNode", node->name());
+  fn->set_recompute(std::move(r), keep);
 }
 
 bool grad_enabled() { return t_grad_enabled; }

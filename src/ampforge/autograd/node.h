@@ -3,6 +3,14 @@
 // for a leaf that requires grad). Saved tensors are stored detached (no grad_fn), so an op that saves
 // its own output does not make a reference cycle; each records the storage version at save time and
 // unpacking it after an in-place change raises a clear error.
+//
+// Recomputation of cheap activations (RecomputeGuard, below): in recompute mode, ops whose output can be
+// rebuilt from what their own backward keeps anyway (batch_norm in training, from its saved input; relu and
+// add, from inputs that are rebuildable themselves) give their node a recompute function. A SavedTensor of
+// such an output holds the node instead of the tensor, so the output is freed as soon as the forward pass
+// drops it, and get() rebuilds it, bit-identical (the same kernels on the same inputs), when a backward
+// formula needs it. Every consumer of an output runs its backward before the output's producer does, so the
+// producer's saved state is still there; the producer's release() drops it as usual.
 #pragma once
 
 #include <cstdint>
@@ -61,17 +69,28 @@ class AccumulateGrad final : public Node {
   Tensor leaf;
 };
 
+class FunctionNode;
+
 class SavedTensor {
  public:
   SavedTensor() = default;
+  // Keeps `t`, or, when t is the output of a node that can recompute it (recompute mode), that node.
   explicit SavedTensor(const Tensor& t);
-  // Returns the saved tensor; throws when it was modified in place after saving or already released.
+  // Returns the saved tensor (rebuilt when it was not kept); throws when it was modified in place after
+  // saving or already released.
   Tensor get() const;
-  void reset() { t_ = Tensor(); }
-  bool defined() const { return t_.defined(); }
+  void reset() {
+    t_ = Tensor();
+    source_.reset();
+  }
+  bool defined() const { return t_.defined() || source_ != nullptr; }
+  // Whether the tensor is rebuilt by its producer instead of being kept.
+  bool recomputed() const { return source_ != nullptr; }
 
  private:
   Tensor t_;
+  std::shared_ptr<FunctionNode> source_;  // recompute mode: the producer that rebuilds the tensor
+  uint32_t source_output_ = 0;
   uint32_t version_ = 0;
   bool was_defined_ = false;
 };
@@ -81,14 +100,32 @@ class SavedTensor {
 class FunctionNode final : public Node {
  public:
   using Backward = std::function<Grads(const Grads&)>;
+  // Rebuilds the forward output `output_nr` from the node's saved state (recompute mode; see the top).
+  using Recompute = std::function<Tensor(uint32_t output_nr)>;
   FunctionNode(const char* name, Backward fn) : name_(name), fn_(std::move(fn)) {}
   Grads apply(Grads&& grads) override;
   std::string name() const override { return name_; }
-  void release() override { fn_ = nullptr; }
+  void release() override {
+    fn_ = nullptr;
+    recompute_ = nullptr;
+    cached_ = Tensor();
+  }
+  // keep: hold the first rebuilt output until release(), so that later consumers (and rebuilds that start
+  // from it) reuse it instead of rebuilding a chain again.
+  void set_recompute(Recompute r, bool keep) {
+    recompute_ = std::move(r);
+    keep_ = keep;
+  }
+  bool can_recompute() const { return recompute_ != nullptr; }
+  // Throws (as a second backward does) when the node was released.
+  Tensor recompute(uint32_t output_nr) const;
 
  private:
   const char* name_;
   Backward fn_;
+  Recompute recompute_;
+  bool keep_ = false;
+  mutable Tensor cached_;  // keep_: output 0 once rebuilt
 };
 
 // ---- grad mode ------------------------------------------------------------------------------------
@@ -106,6 +143,30 @@ class NoGradGuard {
  private:
   bool prev_;
 };
+
+// ---- recompute mode ---------------------------------------------------------------------------------
+// While a RecomputeGuard with `on` lives, this thread's cheap ops record how to rebuild their outputs instead
+// of having them kept for backward (see the top of this file): less activation memory, a few extra
+// elementwise passes and batch-norm statistics in backward. Gradients are bit-identical. Guards nest.
+bool recompute_enabled();
+class RecomputeGuard {
+ public:
+  explicit RecomputeGuard(bool on = true);
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+// Whether `t` is an output its producer can rebuild (saving it costs no memory).
+bool is_recomputable(const Tensor& t);
+// Gives `node` (from record(); may be null) a recompute function, when recompute mode is on. keep: see
+// FunctionNode::set_recompute. Activations that layers consume (relu outputs: convolution inputs, residual
+// identities) are kept once rebuilt: a residual stage's outputs form a chain (each is rebuilt from the one
+// before), which would otherwise be rebuilt from its start by every consumer. Intermediates (batch-norm
+// outputs, sums) are rebuilt each time: they have one consumer.
+void set_recompute(const std::shared_ptr<Node>& node, FunctionNode::Recompute r, bool keep = false);
 
 // True when grad mode is on and any of the tensors requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);

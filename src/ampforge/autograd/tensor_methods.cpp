@@ -61,7 +61,9 @@ std::string Tensor::str() const {
   std::ostringstream os;
   os << "Tensor(shape=" << shape().str() << ", dtype=" << dtype_name(dtype()) << ", device=" << device().str();
   if (requires_grad()) os << ", requires_grad";
-  os << ")\n";
+  os << ")";
+  if (device().is_meta()) return os.str();  // no values to print
+  os << "\n";
   std::vector<double> v = tolist<double>();
   const int64_t n = static_cast<int64_t>(v.size());
   const int64_t last = dim() > 0 ? std::max<int64_t>(size(-1), 1) : 1;

@@ -17,6 +17,7 @@
 
 #include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/meta/meta.h"
 #include "ampforge/cli/bench_collective.h"
 #include "ampforge/cli/bench_report.h"
 #include "ampforge/cli/commands.h"
@@ -25,10 +26,14 @@
 #include "ampforge/hw/subprocess.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/models/registry.h"
+#include "ampforge/memory/fit.h"
+#include "ampforge/memory/stats.h"
 #include "ampforge/train/benchmark.h"
+#include "ampforge/train/fit_probe.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/file.h"
+#include "ampforge/util/timer.h"
 
 namespace ampforge::cli {
 
@@ -54,6 +59,9 @@ Sizes default_sizes(const std::string& model, const std::string& task, bool full
 
 struct BenchFlags {
   std::string models, precisions, device = "cpu", batches, peer = "auto", markdown, svg, optimizer = "sgd";
+  std::string budget;    // --budget, with --max-batch
+  bool max_batch = false;
+  bool recompute = false;
   int64_t image_size = 0, seq_len = 0;
   int warmup = -1, steps = -1, threads = 0;
   bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
@@ -172,6 +180,44 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
   return s;
 }
 
+// --max-batch: the largest batch of the row's model, precision and input that fits `budget`, found by the fit
+// finder's search (memory/fit.h) over probes on the meta device standing for the bench's device type (its
+// allocator rules; the bench's optimizer, autocast and GradScaler). Seconds per row, whatever the batch.
+BenchMaxBatch plan_max_batch(const std::string& model, const std::string& precision, const Sizes& sz, bool seq,
+                             const BenchFlags& f, int64_t budget, DeviceType stands_for) {
+  BenchMaxBatch out;
+  const Stopwatch clock;
+  try {
+    train::FitProbeSetup s;
+    s.cfg.model = model;
+    s.cfg.optimizer = f.optimizer;
+    s.cfg.recompute = f.recompute;
+    const train::BenchPrecision bp = train::bench_precision_from_string(precision);
+    // TF32 changes the arithmetic, not the tensors: it plans as FP32.
+    s.cfg.precision = bp == train::BenchPrecision::FP16 ? DType::F16 : bp == train::BenchPrecision::BF16 ? DType::BF16
+                                                                                                        : DType::F32;
+    s.device = kMeta;
+    s.stands_for = stands_for;
+    s.budget = budget;
+    s.steps = 2;
+    if (seq && sz.size > 0) s.seq_len = sz.size;
+    if (!seq) s.image_size = sz.size;
+    s.channels_last = !f.nchw;
+    memory::FitSearchOptions o;
+    o.budget = budget;
+    o.granule = static_cast<int64_t>(memory::kHostGranule);
+    o.quick = true;  // one-step search probes, the answer confirmed with two steps
+    const memory::FitResult r =
+        memory::fit_search([&](int64_t b, bool full) { return train::run_fit_probe(s, b, full); }, o);
+    out.batch = r.best;
+    out.limited = r.limited;
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  out.seconds = clock.seconds();
+  return out;
+}
+
 int run_bench(const BenchFlags& f) {
   AF_CHECK(!(f.channels_last && f.nchw), "--channels-last and --nchw exclude each other");
   AF_CHECK(f.threads >= 0, "--threads must be >= 0");
@@ -188,6 +234,13 @@ int run_bench(const BenchFlags& f) {
     AF_CHECK(dev.index < cuda::device_count(), "--device {}: no such CUDA device ({})", f.device,
              cuda::device_count() == 0 ? cuda::unavailable_reason() : fmt::format("{} device(s)", cuda::device_count()));
   AF_CHECK(!f.cuda_graphs || dev.is_cuda(), "--cuda-graphs needs --device cuda");
+  AF_CHECK(f.max_batch == !f.budget.empty(), "--max-batch and --budget go together (e.g. --max-batch --budget 16GiB)");
+  int64_t max_batch_budget = 0;
+  if (f.max_batch) {
+    const uint64_t b = memory::parse_size(f.budget, "--budget");
+    AF_CHECK(b > 0 && b <= (uint64_t{1} << 50), "--budget: must be more than 0 bytes and at most 1 PiB, got {}", f.budget);
+    max_batch_budget = static_cast<int64_t>(b);
+  }
   const bool full = f.full || dev.is_cuda();
   if (f.threads > 0) set_num_threads(f.threads);
   const int threads = get_num_threads();
@@ -201,7 +254,14 @@ int run_bench(const BenchFlags& f) {
   rep.steps = f.steps >= 0 ? f.steps : dev.is_cuda() ? 20 : 3;
   AF_CHECK(rep.steps >= 1, "--steps must be >= 1");
   rep.optimizer = f.optimizer;
+  rep.max_batch_budget = max_batch_budget;
+  if (max_batch_budget > 0)
+    rep.max_batch_planner = fmt::format("meta device standing for {} ({}), {} optimizer", device_type_name(dev.type),
+                                        meta::MetaOptions::stand_for(dev.type).expandable_segments
+                                            ? "expandable segments" : "plain segments, cuBLASLt/cuDNN workspace",
+                                        f.optimizer);
   rep.channels_last = !f.nchw;
+  rep.recompute = f.recompute;
   rep.cuda_graphs = f.cuda_graphs;
   rep.full = full;
   if (dev.is_cpu()) {
@@ -285,6 +345,7 @@ int run_bench(const BenchFlags& f) {
         bo.steps = rep.steps;
         bo.optimizer = f.optimizer;
         bo.cuda_graphs = f.cuda_graphs;
+        bo.recompute = f.recompute;
         bo.on_step = [](int done, int all) {
           std::fprintf(stderr, " %d/%d", done, all);
           std::fflush(stderr);
@@ -308,6 +369,15 @@ int run_bench(const BenchFlags& f) {
       }
       if (row.input.empty())
         row.input = seq ? fmt::format("seq {}", sz.size) : sz.size > 0 ? fmt::format("{0}x{0}", sz.size) : "default";
+      if (max_batch_budget > 0) {
+        std::fprintf(stderr, "; max batch ...");
+        std::fflush(stderr);
+        row.max_batch = plan_max_batch(m, p, sz, seq, f, max_batch_budget, dev.type);
+        if (row.max_batch->error.empty())
+          std::fprintf(stderr, " %lld", static_cast<long long>(row.max_batch->batch));
+        else
+          std::fprintf(stderr, " failed");
+      }
       if (!peer_python.empty()) {
         std::fprintf(stderr, "; PyTorch ...");
         std::fflush(stderr);
@@ -352,11 +422,17 @@ Command add_bench_command(CLI::App& app) {
   sub->add_flag("--channels-last", f->channels_last, "Images in channels-last layout (the default)");
   sub->add_flag("--nchw", f->nchw, "Images in NCHW layout");
   sub->add_flag("--cuda-graphs", f->cuda_graphs, "CUDA: capture each training step once and replay it");
+  sub->add_flag("--recompute", f->recompute, "Steps as `ampforge train --recompute` runs them (cheap activations "
+                "rebuilt in backward; the peer keeps its default)");
   sub->add_flag("--full", f->full, "The brief's batch sizes on any device (a GPU gets them by default)");
   sub->add_option("--peer", f->peer,
                   "auto (a Python with PyTorch: $AMPFORGE_PEER_PYTHON, /usr/bin/python3, python3) | none | PYTHON")
       ->capture_default_str();
   sub->add_option("--peer-timeout", f->peer_timeout, "Seconds one peer cell may take")->capture_default_str();
+  sub->add_flag("--max-batch", f->max_batch,
+                "Add a column: the largest batch of each row whose training step fits --budget, planned on the meta "
+                "device standing for --device (seconds per row; docs/BENCH.md)");
+  sub->add_option("--budget", f->budget, "Device memory for --max-batch, e.g. 16GiB");
   sub->add_flag("--json", f->json, "Print the results as JSON (schema in docs/BENCH.md) instead of the table");
   sub->add_option("--markdown", f->markdown, "Also write the table as Markdown to this file");
   sub->add_option("--svg", f->svg, "Also write a bar chart (SVG) to this file");

@@ -155,3 +155,31 @@ TEST(BenchCli, ThePeerScriptIsValidPython) {
   const std::string out = fgets(buf, sizeof buf, p) ? buf : "";
   EXPECT_EQ(pclose(p), 0) << out;
 }
+
+// --max-batch: the column is the fit finder's answer on the meta device, the same as `memory fit` gives.
+TEST(BenchCli, MaxBatchColumnIsTheFitFindersAnswer) {
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --peer none "
+                                   "--threads 1 --max-batch --budget 64MiB --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["settings"]["max_batch"]["budget_bytes"], int64_t{64} << 20);
+  const auto& mb = j["rows"][0]["max_batch"];
+  ASSERT_TRUE(mb.contains("batch")) << mb;
+  const CmdResult fit = run_ampforge("memory fit --model cnn --budget 64MiB --optimizer sgd --device meta "
+                                     "--stands-for cpu --threads 1 --json", false);
+  ASSERT_EQ(fit.code, 0) << fit.out;
+  EXPECT_EQ(mb["batch"], nlohmann::json::parse(fit.out)["batch"]);
+  EXPECT_FALSE(mb["limited"].get<bool>());
+  // The table has the column; without --max-batch the JSON says null.
+  const CmdResult t = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --peer none "
+                                   "--threads 1 --max-batch --budget 64MiB");
+  EXPECT_NE(t.out.find("max batch"), std::string::npos) << t.out;
+  const CmdResult none = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 "
+                                      "--peer none --threads 1 --json", false);
+  EXPECT_TRUE(nlohmann::json::parse(none.out)["rows"][0]["max_batch"].is_null());
+  EXPECT_TRUE(nlohmann::json::parse(none.out)["settings"]["max_batch"].is_null());
+  for (const char* args : {"--max-batch", "--budget 1GiB", "--max-batch --budget lots"}) {
+    const CmdResult bad = run_ampforge(std::string("bench --models cnn --steps 1 --warmup 0 --peer none ") + args);
+    EXPECT_EQ(bad.code, 2) << args << "\n" << bad.out;
+  }
+}

@@ -66,6 +66,14 @@ std::string reference_cell(const BenchRow& row) {
   return "-";
 }
 
+// The max-batch column: the batch, ">= N" when the search's cap fitted, "none" when batch 1 does not fit.
+std::string max_batch_cell(const BenchRow& row) {
+  if (!row.max_batch) return "-";
+  if (!row.max_batch->error.empty()) return "failed";
+  if (row.max_batch->batch == 0) return "none";
+  return fmt::format("{}{}", row.max_batch->limited ? ">= " : "", row.max_batch->batch);
+}
+
 std::string peer_cell(const BenchRow& row) {
   if (!row.peer) return "-";
   return rate(*row.peer);
@@ -90,12 +98,17 @@ std::string header_lines(const BenchReport& r) {
                               "synthetic data, {} warm-up + {} timed steps, median (mean) samples/s, {} thread(s)",
                               r.version, r.device, r.device_name.empty() ? "" : " (" + r.device_name + ")",
                               r.optimizer, "; GradScaler for fp16", r.warmup, r.steps, r.threads);
+  if (r.recompute) s += "\nampforge recomputes batch-norm, relu and residual-sum outputs in backward (--recompute)";
   if (!r.sizes_note.empty()) s += "\nsizes: " + r.sizes_note;
   if (!r.blas_core.empty())
     s += fmt::format("\nCPU BLAS: {}, {} kernels (chosen by {}; the peer loads the same library and kernels)",
                      r.blas_library, r.blas_core, r.blas_source);
   if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format",
                                               r.peer_torch, r.peer_python);
+  if (r.max_batch_budget > 0)
+    s += fmt::format("\nmax batch: the largest batch whose training step fits {:.2f} GiB, planned on the {}",
+                     static_cast<double>(r.max_batch_budget) / static_cast<double>(int64_t{1} << 30),
+                     r.max_batch_planner);
   if (!r.unavailable_models.empty()) {
     s += "\nnot in this build (skipped):";
     for (const auto& m : r.unavailable_models) s += " " + m;
@@ -117,8 +130,11 @@ nlohmann::json bench_to_json(const BenchReport& r) {
                                                    {"source", r.blas_source}};
   j["settings"] = {{"warmup", r.warmup},         {"steps", r.steps},
                    {"optimizer", r.optimizer},   {"channels_last", r.channels_last},
-                   {"cuda_graphs", r.cuda_graphs}, {"full", r.full},
+                   {"cuda_graphs", r.cuda_graphs}, {"full", r.full}, {"recompute", r.recompute},
                    {"sizes", r.sizes_note}};
+  j["settings"]["max_batch"] = r.max_batch_budget > 0 ? nlohmann::json{{"budget_bytes", r.max_batch_budget},
+                                                                        {"planner", r.max_batch_planner}}
+                                                      : nlohmann::json();
   j["peer"] = r.peer_torch.empty() ? nlohmann::json() : nlohmann::json{{"python", r.peer_python}, {"torch", r.peer_torch}};
   j["unavailable_models"] = r.unavailable_models;
   j["rows"] = nlohmann::json::array();
@@ -127,6 +143,13 @@ nlohmann::json bench_to_json(const BenchReport& r) {
                          {"input", row.input}, {"ampforge", side_json(row.ours)}};
     jr["peer"] = row.peer ? side_json(*row.peer) : nlohmann::json();
     jr["gain_vs_fp32_percent"] = opt_json(row.gain_vs_fp32_percent);
+    if (!row.max_batch)
+      jr["max_batch"] = nullptr;
+    else if (!row.max_batch->error.empty())
+      jr["max_batch"] = {{"error", row.max_batch->error}};
+    else
+      jr["max_batch"] = {{"batch", row.max_batch->batch}, {"limited", row.max_batch->limited},
+                         {"seconds", row.max_batch->seconds}};
     jr["ratio"] = opt_json(row.ratio);
     if (const auto ref = brief_reference(row.model))
       jr["reference"] = {{"fp32", ref->fp32}, {"fp16", ref->fp16}, {"what", ref->label}, {"source", kBriefEnvironment}};
@@ -139,9 +162,11 @@ nlohmann::json bench_to_json(const BenchReport& r) {
 
 std::string bench_table(const BenchReport& r) {
   std::string s = header_lines(r) + "\n\n";
-  s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}\n", "model", "prec",
+  const bool mb = r.max_batch_budget > 0;
+  s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}", "model", "prec",
                    "batch", "input", "samples/s (mean)", "ms/step", "peak alloc", "peak resv", "vs fp32", "PyTorch",
                    "ratio", "brief4080");
+  s += mb ? fmt::format(" {:>10}\n", "max batch") : "\n";
   for (const BenchRow& row : r.rows) {
     const BenchSide& o = row.ours;
     s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}\n", row.model,
@@ -151,6 +176,8 @@ std::string bench_table(const BenchReport& r) {
                      mib(o.peak_reserved_bytes),
                      row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-",
                      peer_cell(row), row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
+    s.pop_back();  // the newline: the max-batch column may follow
+    s += mb ? fmt::format(" {:>10}\n", max_batch_cell(row)) : "\n";
   }
   bool notes = false;
   for (const BenchRow& row : r.rows) {
@@ -162,6 +189,11 @@ std::string bench_table(const BenchReport& r) {
     };
     note("ampforge", row.ours);
     if (row.peer) note("PyTorch", *row.peer);
+    if (row.max_batch && !row.max_batch->error.empty()) {
+      if (!notes) s += "\n";
+      notes = true;
+      s += fmt::format("  {} {} max batch: {}\n", row.model, row.precision, row.max_batch->error);
+    }
   }
   s += "\nratio = ampforge / PyTorch samples/s (> 1: ampforge is faster); brief4080 = ";
   s += kBriefEnvironment;
@@ -173,8 +205,11 @@ std::string bench_markdown(const BenchReport& r) {
   std::string s = header_lines(r);
   std::string out;
   for (char c : s) out += c == '\n' ? std::string("  \n") : std::string(1, c);
+  const bool mb = r.max_batch_budget > 0;
   out += "\n\n| model | precision | batch | input | samples/s | mean | ms/step | peak allocated | peak reserved | "
-         "vs FP32 | PyTorch samples/s | ratio | brief RTX 4080 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+         "vs FP32 | PyTorch samples/s | ratio | brief RTX 4080 |";
+  out += mb ? " max batch |\n" : "\n";
+  out += mb ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const BenchRow& row : r.rows) {
     const BenchSide& o = row.ours;
     std::string peer = peer_cell(row);
@@ -186,6 +221,11 @@ std::string bench_markdown(const BenchReport& r) {
                        mib(o.peak_reserved_bytes),
                        row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-", peer,
                        row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
+    if (mb) {
+      out.pop_back();
+      out += fmt::format(" {} |\n", row.max_batch && !row.max_batch->error.empty() ? "failed: " + row.max_batch->error
+                                                                                   : max_batch_cell(row));
+    }
   }
   out += fmt::format("\nratio = ampforge / PyTorch samples/s; brief RTX 4080 = {}.\n", kBriefEnvironment);
   return out;

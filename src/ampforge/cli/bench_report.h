@@ -35,9 +35,19 @@ std::optional<BenchReference> brief_reference(const std::string& model);
 // Where the brief's figures come from.
 extern const char* const kBriefEnvironment;
 
+// `--max-batch`: the largest batch of a row's model, precision and input whose training step fits the budget,
+// planned on the meta device (train/fit_probe.h, memory/fit.h), or why there is none.
+struct BenchMaxBatch {
+  int64_t batch = 0;   // 0: not even batch 1 fits
+  bool limited = false;  // the search's cap fitted: the budget may hold more
+  std::string error;   // non-empty: the plan failed (shown, never hidden)
+  double seconds = 0;  // the search's time
+};
+
 struct BenchRow {
   std::string model, precision, input;
   int64_t batch = 0;
+  std::optional<BenchMaxBatch> max_batch;  // nullopt: not asked (no --max-batch)
   BenchSide ours;
   std::optional<BenchSide> peer;  // nullopt: no peer asked (--peer none)
   // ours / our fp32 row of the same model, as a gain in percent; nullopt without both.
@@ -52,9 +62,11 @@ struct BenchReport {
   std::string blas_library, blas_core, blas_source;
   int threads = 0, warmup = 0, steps = 0;
   std::string optimizer;
-  bool channels_last = true, cuda_graphs = false, full = false;
+  bool channels_last = true, cuda_graphs = false, full = false, recompute = false;
   std::string sizes_note;  // e.g. "reduced CPU sizes (--full for the brief's)"
   std::vector<std::string> unavailable_models;  // asked for by default but not in this build
+  int64_t max_batch_budget = 0;   // --max-batch --budget, bytes; 0: no max-batch column
+  std::string max_batch_planner;  // how it was planned, e.g. "meta device standing for cuda"
   std::vector<BenchRow> rows;
 };
 

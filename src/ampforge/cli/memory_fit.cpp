@@ -1,8 +1,10 @@
 // `ampforge memory fit`: the largest batch size whose training step fits a memory budget.
-//   memory fit --model NAME --budget 16GiB [--precision fp32|fp16|bf16] [--master-weights]
-//              [--optimizer adamw|sgd] [--max-batch N] [--steps N] [--batch N] [--threads N] [--json]
-// Each probe runs real training steps (the trainer's train_step) of the model on synthetic input, with every
-// tensor coming from a caching allocator over a budgeted host provider of capacity = budget. The search and
+//   memory fit --model NAME --budget 16GiB [--device cpu|meta] [--stands-for cuda|cpu] [--image-size S]
+//              [--precision fp32|fp16|bf16] [--master-weights] [--optimizer adamw|sgd] [--max-batch N]
+//              [--steps N] [--batch N] [--threads N] [--json]
+// Each probe runs training steps (the trainer's train_step) of the model on synthetic input, with every tensor
+// coming from a caching allocator of capacity = budget: over host memory (--device cpu), or on the meta device
+// (backends/meta/meta.h: no data, no arithmetic, the allocator rules of the device it stands for). The search and
 // the breakdown are memory/fit.h; docs/MEMORY.md ("Fit finder") describes the figures.
 // Exit codes: 0 a batch fits (with --batch: that batch fits); 1 not even batch 1 fits (with --batch: that
 // batch does not fit), as `memory replay` exits 1 when its budget is exceeded; 2 bad input.
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/amp/grad_scaler.h"
+#include "ampforge/backends/meta/meta.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/generator.h"
@@ -29,6 +32,7 @@
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/classification.h"
 #include "ampforge/train/recipe.h"
+#include "ampforge/train/fit_probe.h"
 #include "ampforge/train/step.h"
 #include "ampforge/train/workload.h"
 #include "ampforge/util/error.h"
@@ -42,7 +46,9 @@ namespace {
 
 struct FitArgs {
   std::string model, budget, precision = "fp32", optimizer = "adamw";
+  std::string device = "cpu", stands_for = "cuda";  // --device meta: the device type the meta device models
   bool master_weights = false;
+  bool recompute = false;
   int64_t max_batch = 65536;
   int64_t steps = 2;
   int64_t batch = 0;  // > 0: check this one batch size instead of searching
@@ -50,146 +56,6 @@ struct FitArgs {
   int threads = 0;
   bool json = false;
 };
-
-struct ProbeSetup {
-  train::TrainConfig cfg;  // model, optimizer, precision, master weights: as `ampforge train` would use them
-  int64_t budget = 0;
-  int64_t steps = 2;
-  int64_t image_size = 0;
-};
-
-// The memory one probe runs on. Heap-allocated: storages keep a pointer to their allocator, so if any
-// tensor outlived the probe (none should), the allocator must outlive it too; it is then kept, not freed.
-struct ProbeMemory {
-  explicit ProbeMemory(size_t budget) : budgeted(host, budget), allocator(budgeted, memory::PolicyConfig::ampforge()) {}
-  memory::HostProvider host;
-  memory::BudgetedProvider budgeted;
-  memory::CachingAllocator allocator;
-};
-
-// Makes `a` the CPU allocator for new storages while in scope.
-class CpuAllocatorScope {
- public:
-  explicit CpuAllocatorScope(Allocator* a) : previous_(set_allocator(DeviceType::CPU, a)) {}
-  ~CpuAllocatorScope() { set_allocator(DeviceType::CPU, previous_); }
-  CpuAllocatorScope(const CpuAllocatorScope&) = delete;
-  CpuAllocatorScope& operator=(const CpuAllocatorScope&) = delete;
-
- private:
-  Allocator* previous_;
-};
-
-// Bytes of the distinct storages behind `tensors` (views of one flat buffer count once; `seen` is shared
-// across calls so that no storage is counted in two categories).
-int64_t storage_bytes(const std::vector<Tensor>& tensors, std::set<const StorageImpl*>& seen) {
-  int64_t n = 0;
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.storage() && seen.insert(t.storage().get()).second)
-      n += static_cast<int64_t>(t.storage()->nbytes());
-  return n;
-}
-
-// Frees a probe's memory at the end of its scope, unless a tensor still uses it: then it is kept for the
-// rest of the process (see ProbeMemory). Also on the way out of an unexpected exception.
-class ProbeMemoryOwner {
- public:
-  explicit ProbeMemoryOwner(size_t budget) : mem_(new ProbeMemory(budget)) {}
-  ~ProbeMemoryOwner() {
-    if (mem_->allocator.stats().allocated.current == 0) {
-      delete mem_;
-      return;
-    }
-    static std::mutex mu;
-    static auto* kept = new std::vector<ProbeMemory*>;
-    std::lock_guard<std::mutex> lock(mu);
-    kept->push_back(mem_);
-  }
-  ProbeMemoryOwner(const ProbeMemoryOwner&) = delete;
-  ProbeMemoryOwner& operator=(const ProbeMemoryOwner&) = delete;
-  memory::CachingAllocator& allocator() { return mem_->allocator; }
-
- private:
-  ProbeMemory* mem_;
-};
-
-// One probe: build the model, optimizer and scaler and run the training steps (all of them, or only the
-// first for a quick probe) at `batch` under the budget. OutOfMemory anywhere (building included) means
-// "does not fit". Every tensor is dropped before the allocator is inspected, and the next probe starts on
-// a fresh allocator, so probes do not influence each other and each answer is what a fresh process sees.
-memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
-  memory::FitProbe p;
-  p.batch = batch;
-  p.full = full;
-  const int64_t steps = full ? s.steps : 1;
-  const Stopwatch clock;
-  ProbeMemoryOwner mem(static_cast<size_t>(s.budget));
-  memory::CachingAllocator& alloc = mem.allocator();
-  {
-    CpuAllocatorScope scope(&alloc);
-    try {
-      // The model at its registry input (or --image-size), its task and a synthetic batch of that shape, in
-      // the layout the data loader produces; the same seed, so the same initial weights in every probe.
-      train::WorkloadOptions wo;
-      wo.batch = batch;
-      wo.image_size = s.image_size;
-      wo.seed = s.cfg.seed;
-      train::Workload w = train::make_workload(s.cfg.model, wo);
-      nn::ModulePtr model = w.module;
-      if (s.cfg.master_weights) model->to(s.cfg.precision);
-      std::unique_ptr<optim::Optimizer> opt = train::make_optimizer(s.cfg, *model);
-      amp::GradScaler scaler(train::grad_scaler_options(s.cfg.precision));
-      tasks::Task& task = *w.task;
-      const data::Batch micro[1] = {w.batch};
-      const Tensor x = w.batch.x, y = w.batch.y;
-
-      model->train();
-      train::StepOptions so;
-      so.precision = s.cfg.precision;
-      int64_t before_forward = 0, activations = 0;
-      so.after_forward = [&](const Tensor&) {
-        activations = std::max(activations, alloc.stats().requested.current - before_forward);
-      };
-      for (int64_t i = 0; i < steps; ++i) {
-        so.global_step = i;
-        before_forward = alloc.stats().requested.current;
-        train::train_step(*model, task, *opt, scaler, micro, so);
-      }
-
-      memory::FitMeasure& m = p.measure;
-      std::set<const StorageImpl*> seen;
-      std::vector<Tensor> params, grads, state;
-      for (const auto& g : opt->param_groups()) {
-        params.push_back(g.flat_params);
-        grads.push_back(g.flat_grads);
-        state.push_back(g.master);
-      }
-      for (auto& [name, t] : model->named_parameters()) params.push_back(t);  // any the optimizer does not hold
-      for (auto& [name, t] : model->named_buffers()) params.push_back(t);
-      for (auto& [name, t] : opt->state_dict()) {
-        // Skip the step counters and learning rates: state_dict() makes those as fresh scalars.
-        const bool scalar = name.ends_with(".step") || name.ends_with(".lr");
-        if (!scalar) state.push_back(t);
-      }
-      m.parameters = storage_bytes(params, seen);
-      m.gradients = storage_bytes(grads, seen);
-      m.optimizer_state = storage_bytes(state, seen);
-      m.inputs = storage_bytes({x, y}, seen);
-      m.activations = activations;
-      p.fits = true;
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::OutOfMemory) throw;
-      p.fits = false;
-      p.oom_report = e.what();
-    }
-  }
-  const memory::AllocatorStats st = alloc.stats();
-  p.peak_live = st.requested.peak;
-  p.peak_reserved = st.reserved.peak;
-  p.measure.peak_live = p.peak_live;
-  p.measure.peak_reserved = p.peak_reserved;
-  p.seconds = clock.seconds();
-  return p;
-}
 
 std::string percent_of(int64_t n, int64_t budget) {
   return fmt::format("{:.1f}%", budget > 0 ? 100.0 * static_cast<double>(n) / static_cast<double>(budget) : 0.0);
@@ -219,7 +85,11 @@ int run_fit(const FitArgs& a) {
            a.max_batch);
   AF_CHECK(a.batch >= 0 && a.batch <= (int64_t{1} << 40), "--batch must be in [1, 2^40], got {}", a.batch);
   AF_CHECK(a.threads >= 0 && a.threads <= 1024, "--threads must be in [0, 1024], got {}", a.threads);
-  ProbeSetup s;
+  train::FitProbeSetup s;
+  AF_CHECK(a.device == "cpu" || a.device == "meta", "--device must be cpu or meta, got '{}'", a.device);
+  AF_CHECK(a.stands_for == "cpu" || a.stands_for == "cuda", "--stands-for must be cpu or cuda, got '{}'", a.stands_for);
+  s.device = Device::parse(a.device);
+  s.stands_for = a.stands_for == "cpu" ? DeviceType::CPU : DeviceType::CUDA;
   s.budget = static_cast<int64_t>(budget_u);
   s.steps = a.steps;
   AF_CHECK(a.image_size == 0 || (a.image_size >= 8 && a.image_size <= 4096),
@@ -229,22 +99,31 @@ int run_fit(const FitArgs& a) {
   s.cfg.optimizer = a.optimizer;
   s.cfg.precision = dtype_from_string(a.precision);
   s.cfg.master_weights = a.master_weights;
+  s.cfg.recompute = a.recompute;
   AF_CHECK(s.cfg.precision == DType::F32 || s.cfg.precision == DType::F16 || s.cfg.precision == DType::BF16,
            "--precision must be fp32, fp16 or bf16, got '{}'", a.precision);
   AF_CHECK(!s.cfg.master_weights || s.cfg.precision != DType::F32, "--master-weights needs --precision fp16 or bf16");
   if (a.threads > 0) set_num_threads(a.threads);
 
   const int64_t physical = static_cast<int64_t>(memory::HostProvider().capacity());
-  if (physical > 0 && s.budget > physical)
+  if (!s.device.is_meta() && physical > 0 && s.budget > physical)
     std::fprintf(stderr,
                  "ampforge memory fit: warning: the budget (%s) is more than this machine's memory (%s); probes "
                  "use real memory and may be killed by the system first (lower --max-batch to stay below it)\n",
                  format_bytes(s.budget).c_str(), format_bytes(physical).c_str());
 
-  const std::string what = fmt::format("{}, {}{}, {}", a.model, a.precision,
-                                       a.master_weights ? " with master weights" : "", a.optimizer);
-  std::fprintf(stderr, "ampforge memory fit: %s, budget %s, %d threads\n", what.c_str(), format_bytes(s.budget).c_str(),
-               get_num_threads());
+  const std::string what = fmt::format("{}, {}{}, {}{}", a.model, a.precision,
+                                       a.master_weights ? " with master weights" : "", a.optimizer,
+                                       a.recompute ? ", recompute" : "");
+  // Where the probes run, for the headline: the allocator and what it stands for.
+  const std::string where =
+      !s.device.is_meta()
+          ? std::string("ampforge allocator over a budgeted host provider")
+          : fmt::format("meta device standing for {}: the ampforge policy over {}, no data", a.stands_for,
+                        meta::MetaOptions::stand_for(s.stands_for).expandable_segments ? "expandable segments"
+                                                                                      : "plain segments (cudaMalloc)");
+  std::fprintf(stderr, "ampforge memory fit: %s, budget %s, %s, %d threads\n", what.c_str(),
+               format_bytes(s.budget).c_str(), where.c_str(), get_num_threads());
   int n = 0;
   auto progress = [&](const memory::FitProbe& p, const char* phase) {
     ++n;
@@ -258,7 +137,7 @@ int run_fit(const FitArgs& a) {
   const Stopwatch clock;
   memory::FitResult r;
   if (a.batch > 0) {  // one batch size: does it fit?
-    memory::FitProbe p = run_probe(s, a.batch, true);
+    memory::FitProbe p = train::run_fit_probe(s, a.batch, true);
     progress(p, "check");
     (p.fits ? r.best : r.first_failing) = a.batch;
     r.probes.push_back(std::move(p));
@@ -268,7 +147,7 @@ int run_fit(const FitArgs& a) {
     o.max_batch = a.max_batch;
     o.granule = static_cast<int64_t>(memory::kHostGranule);
     o.quick = a.steps > 1;  // search with one step per probe; confirm the answer with all of them
-    r = memory::fit_search([&](int64_t b, bool full) { return run_probe(s, b, full); }, o, progress);
+    r = memory::fit_search([&](int64_t b, bool full) { return train::run_fit_probe(s, b, full); }, o, progress);
   }
   const double seconds = clock.seconds();
   const bool ok = a.batch > 0 ? r.best == a.batch : r.best > 0;
@@ -278,11 +157,17 @@ int run_fit(const FitArgs& a) {
     j["model"] = a.model;
     j["precision"] = a.precision;
     j["master_weights"] = a.master_weights;
+    j["recompute"] = a.recompute;
     j["optimizer"] = a.optimizer;
     j["steps"] = a.steps;  // of full probes (the answer; search probes marked "full": false run one)
     j["max_batch"] = a.max_batch;
     j["mode"] = a.batch > 0 ? "check" : "search";
     j["policy"] = "ampforge";
+    j["device"] = a.device;
+    if (s.device.is_meta()) {
+      j["stands_for"] = a.stands_for;
+      j["expandable_segments"] = meta::MetaOptions::stand_for(s.stands_for).expandable_segments;
+    }
     j["seconds"] = seconds;
     if (a.batch > 0) {
       j["fits"] = ok;
@@ -292,9 +177,8 @@ int run_fit(const FitArgs& a) {
     return ok ? 0 : 1;
   }
 
-  std::printf("memory fit: %s, budget %s (ampforge allocator over a budgeted host provider; the answer checked with "
-              "%lld training step%s)\n",
-              what.c_str(), format_bytes(s.budget).c_str(), static_cast<long long>(a.steps), a.steps == 1 ? "" : "s");
+  std::printf("memory fit: %s, budget %s (%s; the answer checked with %lld training step%s)\n", what.c_str(),
+              format_bytes(s.budget).c_str(), where.c_str(), static_cast<long long>(a.steps), a.steps == 1 ? "" : "s");
   if (!ok) {
     const memory::FitProbe& f = r.probes.back();
     std::printf("batch %lld does not fit in %s.\n%s", static_cast<long long>(f.batch), format_bytes(s.budget).c_str(),
@@ -336,10 +220,20 @@ Command add_memory_fit_subcommand(CLI::App& memory) {
   fit->add_option("--image-size", a->image_size, "Square input size (0: the model's default, e.g. 224 for resnet50)")
       ->capture_default_str();
   fit->add_option("--budget", a->budget, "Device memory to fit in, e.g. 16GiB or 512MiB")->required();
+  fit->add_option("--device", a->device, "cpu: real steps in budgeted host memory | meta: steps without data "
+                                         "(seconds, any budget)")
+      ->check(CLI::IsMember({"cpu", "meta"}))
+      ->capture_default_str();
+  fit->add_option("--stands-for", a->stands_for, "With --device meta: cuda (the CUDA backend's allocator rules and "
+                                                 "kernel workspace) | cpu (the host's rules)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
   fit->add_option("--precision", a->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();
   fit->add_flag("--master-weights", a->master_weights, "16-bit parameters with F32 master weights (Apex O2)");
+  fit->add_flag("--recompute", a->recompute, "Steps as `ampforge train --recompute` runs them: batch-norm, relu and "
+                "residual-sum outputs rebuilt in backward instead of kept");
   fit->add_option("--optimizer", a->optimizer, "adamw | sgd")
       ->check(CLI::IsMember({"adamw", "sgd"}))
       ->capture_default_str();
@@ -351,18 +245,27 @@ Command add_memory_fit_subcommand(CLI::App& memory) {
   fit->add_flag("--json", a->json, "Print one JSON object on stdout (progress stays on stderr)");
   fit->footer(
       "Each probe builds the model and runs full training steps (forward, backward, optimizer step; autocast and "
-      "GradScaler as `ampforge train`) on synthetic 1x28x28 input, with every tensor in a fresh caching allocator "
-      "over a host provider limited to the budget. The budget is real host memory.\n"
-      "Time: probes cost real compute, about one training step at their batch. The search doubles the batch from 1 "
-      "until a probe runs out of memory (such a probe stops early), predicts the limit from the memory per example "
-      "it measured and settles it with a few more probes: typically 3-5 probes near the answer. Search probes run "
-      "one step (a probe that fails there fails with more steps too); the answer is then confirmed with --steps "
-      "steps, which catches memory only later steps use. The small CNN with --budget 512MiB (batch ~1100) takes "
-      "about 20-30 s on 2 cores; a probe near batch 35000 (where a 16 GiB budget ends) takes over a minute, so a "
-      "16GiB search takes roughly 5-10 minutes and 16 GiB of RAM. --max-batch caps the cost: when it fits, the result is the cap, not the "
-      "limit. --steps 1 skips the confirmation.\n"
+      "GradScaler as `ampforge train`) on a synthetic batch of the model's input (the registry's, or "
+      "--image-size), with every tensor in a fresh caching allocator limited to the budget.\n"
+      "--device cpu (default): real steps in host memory; the budget is real host memory.\n"
+      "--device meta: the same steps on the meta device, whose tensors have shapes and sizes but no data and whose "
+      "kernels compute nothing. --stands-for cuda "
+      "(default) applies the CUDA backend's allocator rules (plain cudaMalloc segments, or expandable ones with "
+      "AMPFORGE_CUDA_EXPANDABLE_SEGMENTS=1) and the scratch its kernels take (cuBLASLt and estimated cuDNN "
+      "workspace); --stands-for cpu the host's rules, so its peaks equal --device cpu's. Where a step reads values "
+      "on the host, meta assumes the common case (finite loss, no overflow, the expected number of masked tokens, "
+      "foreground anchors): docs/ARCHITECTURE.md (\"The meta device\"). A GPU's own context (a few hundred MiB) "
+      "is not part of the budget: give the memory tensors can use.\n"
+      "Time: a --device cpu probe costs about one real training step at its batch (a 16GiB search for a large "
+      "model takes many minutes); a --device meta probe builds the model and runs the step without arithmetic, "
+      "well under a second at any batch (ResNet-50 at 16GiB: seconds in all).\n"
+      "The search doubles the batch from 1 until a probe runs out of memory (such a probe stops early), predicts "
+      "the limit from the memory per example it measured and settles it with a few more probes: typically 3-5 "
+      "probes near the answer. Search probes run one step (a probe that fails there fails with more steps too); "
+      "the answer is then confirmed with --steps steps, which catches memory only later steps use. --max-batch "
+      "caps the cost: when it fits, the result is the cap, not the limit. --steps 1 skips the confirmation.\n"
       "CPU kernels' scratch buffers (e.g. convolution columns, at most 64 MiB) come from the heap, not the "
-      "allocator, and are not counted; on a GPU such workspace would be.\n"
+      "allocator, and are not counted; on a GPU (and on meta standing for cuda) such workspace is.\n"
       "Exit status: 0 a batch fits; 1 not even batch 1 fits (with --batch: that batch does not); 2 bad input.");
   return {fit, [a] { return run_fit(*a); }};
 }

@@ -140,3 +140,44 @@ TEST(MemoryFitCli, BadInputIsExit2WithAMessage) {
   for (const char* s : {"--max-batch", "--budget", "Time:", "Exit status"})
     EXPECT_NE(h.out.find(s), std::string::npos) << s;
 }
+
+// The meta device (backends/meta/meta.h): standing for the CPU it gives the CPU's answer, to the batch, without
+// running a single kernel; standing for CUDA it plans a 16 GiB card for ResNet-50.
+TEST(MemoryFitCli, MetaStandingForTheCpuGivesTheCpusAnswer) {
+  nlohmann::json cpu = fit_json("--model cnn --budget 64MiB --threads 2 --optimizer sgd");
+  nlohmann::json meta = fit_json("--model cnn --budget 64MiB --threads 2 --optimizer sgd --device meta --stands-for cpu");
+  ASSERT_TRUE(cpu.is_object() && meta.is_object());
+  EXPECT_EQ(meta.at("device"), "meta");
+  EXPECT_EQ(meta.at("stands_for"), "cpu");
+  EXPECT_EQ(meta.at("batch").get<int64_t>(), cpu.at("batch").get<int64_t>());
+  EXPECT_LE(std::llabs(meta.at("peak_reserved").get<int64_t>() - cpu.at("peak_reserved").get<int64_t>()), 2 << 20);
+  EXPECT_EQ(meta.at("breakdown").at("parameters"), cpu.at("breakdown").at("parameters"));
+  EXPECT_EQ(meta.at("breakdown").at("optimizer_state"), cpu.at("breakdown").at("optimizer_state"));
+}
+
+TEST(MemoryFitCli, MetaPlansResNet50OnA16GiBCardInSeconds) {
+  // The acceptance figure of issue #16: ResNet-50, FP32, 224x224, SGD with momentum (as the bench trains it) on a
+  // 16 GiB card. With --recompute the answer is at least the brief's batch 256; without, what it is.
+  nlohmann::json j =
+      fit_json("--model resnet50 --device meta --budget 16GiB --precision fp32 --optimizer sgd --recompute");
+  ASSERT_TRUE(j.is_object());
+  std::printf("resnet50 fp32 sgd --recompute on 16GiB: batch %lld in %.1f s\n",
+              static_cast<long long>(j.at("batch").get<int64_t>()), j.at("seconds").get<double>());
+  EXPECT_GE(j.at("batch").get<int64_t>(), 256);
+  EXPECT_EQ(j.at("stands_for"), "cuda");
+  EXPECT_LE(j.at("total").get<int64_t>(), int64_t{16} << 30);
+  EXPECT_EQ(sum_parts(j.at("breakdown")), j.at("total").get<int64_t>());
+  nlohmann::json plain = fit_json("--model resnet50 --device meta --budget 16GiB --precision fp32 --optimizer sgd");
+  std::printf("resnet50 fp32 sgd on 16GiB: batch %lld in %.1f s\n",
+              static_cast<long long>(plain.at("batch").get<int64_t>()), plain.at("seconds").get<double>());
+  EXPECT_GT(plain.at("batch").get<int64_t>(), 64);
+  EXPECT_LT(plain.at("batch").get<int64_t>(), j.at("batch").get<int64_t>());
+  EXPECT_GT(plain.at("breakdown").at("activations").get<int64_t>(), j.at("breakdown").at("activations").get<int64_t>());
+}
+
+TEST(MemoryFitCli, MetaBadInputIsExit2) {
+  for (const char* args : {"--model cnn --budget 1GiB --device cuda", "--model cnn --budget 1GiB --device meta --stands-for tpu"}) {
+    CmdResult r = run_ampforge(std::string("memory fit ") + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+  }
+}

@@ -105,6 +105,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--precision", flags->precision, "fp32 | fp16 | bf16 (autocast; fp16 adds a GradScaler)")
       ->capture_default_str();
   sub->add_flag("--master-weights", c.master_weights, "Keep parameters in 16 bits with F32 master weights (Apex O2)");
+  sub->add_flag("--recompute", c.recompute,
+                "Rebuild batch-norm, relu and residual-sum outputs in backward instead of keeping them: less "
+                "activation memory, a few extra elementwise passes, identical gradients (docs/MEMORY.md)");
   sub->add_flag("--stochastic-rounding", c.stochastic_rounding,
                 "With --precision bf16 --master-weights: write the BF16 weights from the F32 masters with stochastic "
                 "rounding (unbiased; seeded by --seed)");

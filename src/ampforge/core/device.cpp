@@ -18,6 +18,7 @@ const char* device_type_name(DeviceType t) {
 
 Device Device::parse(std::string_view s) {
   if (s == "cpu") return Device(DeviceType::CPU, 0);
+  if (s == "meta") return Device(DeviceType::Meta, 0);
   if (s.substr(0, 4) == "cuda") {
     if (s.size() == 4) return Device(DeviceType::CUDA, 0);
     if (s[4] == ':') {
@@ -28,11 +29,11 @@ Device Device::parse(std::string_view s) {
         return Device(DeviceType::CUDA, idx);
     }
   }
-  AF_THROW(InvalidArgument, "unknown device '{}': expected 'cpu', 'cuda' or 'cuda:N'", s);
+  AF_THROW(InvalidArgument, "unknown device '{}': expected 'cpu', 'cuda', 'cuda:N' or 'meta'", s);
 }
 
 std::string Device::str() const {
-  if (type == DeviceType::CPU) return "cpu";
+  if (type == DeviceType::CPU || type == DeviceType::Meta) return device_type_name(type);
   return std::string(device_type_name(type)) + ":" + std::to_string(index);
 }
 

@@ -77,12 +77,14 @@ void dispatch(OpId op, Device device, std::initializer_list<Tensor> inputs, std:
 // core sits below backends in the dependency order; the linker ties them together.
 void register_cpu_backend();
 bool register_cuda_backend();  // false when the CUDA backend is not built or no device is present
+void register_meta_backend();
 
 void ensure_backends_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_cpu_backend();
     register_cuda_backend();
+    register_meta_backend();
   });
 }
 

@@ -23,9 +23,9 @@ StorageImpl::~StorageImpl() {
 
 Storage make_storage(size_t nbytes, Device device) {
   Allocator* a = get_allocator(device.type);
-  if (a == nullptr && device.is_cuda()) {
-    // The CUDA backend installs its allocator when it registers, which happens on the first op; a
-    // tensor may be created on the device before any op ran.
+  if (a == nullptr && !device.is_cpu()) {
+    // The CUDA and meta backends install their allocators when they register, which happens on the first
+    // op; a tensor may be created on the device before any op ran.
     ensure_backends_registered();
     a = get_allocator(device.type);
   }

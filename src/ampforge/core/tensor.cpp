@@ -63,6 +63,10 @@ MemoryFormat Tensor::suggest_memory_format() const {
 
 void* Tensor::data_ptr() const {
   AF_CHECK(defined(), "data_ptr(): the tensor is undefined");
+  // A meta storage's address names a range of a simulated device, never memory: refuse, so that no code
+  // reads or writes through it.
+  AF_CHECK(!impl_->storage->device().is_meta(), "data_ptr(): a tensor on the meta device has no data (shape {}, {}): "
+           "meta tensors only carry shapes and sizes", impl_->shape.str(), dtype_name(impl_->dtype));
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * dtype_size(impl_->dtype);
 }
 

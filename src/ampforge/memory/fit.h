@@ -61,6 +61,8 @@ struct FitProbe {
   double seconds = 0;
   int64_t peak_live = 0;      // over the probe (for a failed probe: up to the failure)
   int64_t peak_reserved = 0;
+  int64_t peak_allocated = 0;  // rounded block sizes (AllocatorStats::allocated), for comparing devices
+  int64_t step_peak_allocated = 0;  // the same during the training steps only (0 when building failed)
   FitMeasure measure;         // when it fits
   std::string oom_report;     // when it does not: the OutOfMemory error's report
 };

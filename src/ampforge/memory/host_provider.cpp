@@ -90,8 +90,8 @@ void HostProvider::unmap(void* addr) noexcept {
 
 // Simulated addresses start high (1 TiB) so that they are never mistaken for small integers, and keep
 // the same alignment rules as the real providers.
-SimulatedProvider::SimulatedProvider(size_t granule, Device device)
-    : granule_(granule), device_(device), next_address_(uint64_t{1} << 40) {
+SimulatedProvider::SimulatedProvider(size_t granule, Device device, bool virtual_memory)
+    : granule_(granule), device_(device), next_address_(uint64_t{1} << 40), virtual_(virtual_memory) {
   AF_CHECK(granule >= 512 && (granule & (granule - 1)) == 0,
            "simulated provider granule must be a power of two of at least 512 bytes, got {}", granule);
 }

@@ -6,8 +6,9 @@
 //                      does not follow a handle to a new address (CUDA's does), which the policy never needs,
 //                      since it only moves granules that hold no live block.
 //   SimulatedProvider  address space only: unique, aligned addresses that must never be dereferenced. For
-//                      replaying traces and for simulations of a large card on a small machine (wrap it in
-//                      a BudgetedProvider to give it a capacity).
+//                      replaying traces, for simulations of a large card on a small machine (wrap it in
+//                      a BudgetedProvider to give it a capacity) and for the meta device. Without virtual
+//                      memory (virtual_memory = false) it offers plain segments only, as cudaMalloc does.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,7 @@ class HostProvider final : public Provider {
 
 class SimulatedProvider final : public Provider {
  public:
-  explicit SimulatedProvider(size_t granule = kHostGranule, Device device = kCPU);
+  explicit SimulatedProvider(size_t granule = kHostGranule, Device device = kCPU, bool virtual_memory = true);
   const char* name() const override { return "simulated"; }
   Device device() const override { return device_; }
   size_t granularity() const override { return granule_; }
@@ -50,7 +51,7 @@ class SimulatedProvider final : public Provider {
   void* allocate(size_t bytes) override;
   void deallocate(void*, size_t) noexcept override {}
 
-  bool supports_virtual() const override { return true; }
+  bool supports_virtual() const override { return virtual_; }
   void* reserve(size_t bytes) override;
   void unreserve(void*, size_t) noexcept override {}
   std::optional<uint64_t> create_physical() override { return next_handle_++; }
@@ -63,6 +64,7 @@ class SimulatedProvider final : public Provider {
   Device device_;
   uint64_t next_address_;
   uint64_t next_handle_ = 1;
+  bool virtual_;
 };
 
 }  // namespace ampforge::memory

@@ -272,7 +272,15 @@ Tensor BertForMaskedLM::logits(const Tensor& ids, const Tensor& attention_mask, 
   return (*predictions)(rows);                                 // (M, V)
 }
 
-MaskedTargets masked_targets(const Tensor& labels, int64_t ignore_index) {
+MaskedTargets masked_targets(const Tensor& labels, int64_t ignore_index, int64_t meta_rows) {
+  if (labels.device().is_meta()) {
+    if (meta_rows < 0)
+      AF_THROW(NotImplemented, "masked_targets: on the meta device the number of masked rows cannot be read from the "
+               "labels (they have no values); pass meta_rows");
+    AF_CHECK(meta_rows <= labels.numel(), "masked_targets: meta_rows {} exceeds the {} labels", meta_rows,
+             labels.numel());
+    return {Tensor::empty({meta_rows}, DType::I64, labels.device()), Tensor::empty({meta_rows}, DType::I64, labels.device())};
+  }
   Tensor l = ops::contiguous(ops::to_device(labels, kCPU));
   if (l.dtype() != DType::I64) l = ops::to_dtype(l, DType::I64);
   const int64_t* p = l.data<int64_t>();
@@ -284,14 +292,15 @@ MaskedTargets masked_targets(const Tensor& labels, int64_t ignore_index) {
           ops::to_device(Tensor::from_vector(tgt, {m}), labels.device())};
 }
 
-Tensor BertForMaskedLM::mlm_loss(const Tensor& ids, const Tensor& attention_mask, const Tensor& labels) {
+Tensor BertForMaskedLM::mlm_loss(const Tensor& ids, const Tensor& attention_mask, const Tensor& labels,
+                                 int64_t meta_rows) {
   AF_CHECK(labels.defined() && labels.shape() == ids.shape(), "BertForMaskedLM: labels must have input_ids' shape {}",
            ids.shape().str());
   if (!masked_positions_only) {
     Tensor scores = logits(ids, attention_mask);  // (B, T, V)
     return cross_entropy(reshape(scores, {-1, config().vocab_size}), reshape(labels.to(DType::I64), {-1}));
   }
-  const MaskedTargets m = masked_targets(labels);
+  const MaskedTargets m = masked_targets(labels, -100, meta_rows);
   return cross_entropy(logits(ids, attention_mask, m.positions), m.targets);  // (M, V), (M)
 }
 

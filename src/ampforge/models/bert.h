@@ -174,7 +174,8 @@ class BertForMaskedLM : public nn::Module {
   // HF's masked-LM loss: cross-entropy over the tokens whose label is not -100 (mean), labels (B, T) I64.
   // With masked_positions_only the decoder runs only at those positions (their indices are read
   // back to the host to size the gather: one synchronisation on a device). Same value either way.
-  Tensor mlm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels);
+  // meta_rows: on the meta device, how many rows are masked (masked_targets below); unused elsewhere.
+  Tensor mlm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels, int64_t meta_rows = -1);
   // Module interface: logits(input_ids) for every position, no mask.
   Tensor forward(const Tensor& input_ids) override;
 
@@ -189,10 +190,13 @@ class BertForMaskedLM : public nn::Module {
 
 // The flat (B * T) indices of labels != ignore_index, in order, and those labels (both (M) I64 on labels'
 // device): the rows the MLM head computes. Reads labels on the host.
+// On the meta device labels have no values, so M cannot be read: the caller says it (meta_rows, e.g. the
+// expected number of masked tokens, MaskedLMTask) and gets (meta_rows) meta tensors; without it (-1) a meta
+// call is refused with NotImplemented.
 struct MaskedTargets {
   Tensor positions, targets;
 };
-MaskedTargets masked_targets(const Tensor& labels, int64_t ignore_index = -100);
+MaskedTargets masked_targets(const Tensor& labels, int64_t ignore_index = -100, int64_t meta_rows = -1);
 
 // A Hugging Face BERT state dict in this implementation's names: LayerNorm `gamma`/`beta` (the original
 // checkpoints' names, which HF renames on load) become `weight`/`bias`; the tied duplicates

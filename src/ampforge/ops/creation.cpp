@@ -120,6 +120,16 @@ Tensor clone(const Tensor& t, MemoryFormat format) {
 Tensor to_device(const Tensor& t, Device device) {
   check_defined(t, "to", "self");
   if (t.device() == device) return t;
+  // The meta device (backends/meta/meta.h): a tensor moved there keeps its shape, dtype and layout and loses
+  // its values; nothing comes back from it, because there is nothing to copy.
+  if (t.device().is_meta())
+    AF_THROW(NotImplemented, "to({}): a tensor on the meta device has no data to copy (shape {}, {}); meta tensors "
+             "only carry shapes and sizes", device.str(), t.shape().str(), dtype_name(t.dtype()));
+  if (device.is_meta()) {
+    Tensor o = Tensor::empty(t.shape(), t.dtype(), device, t.suggest_memory_format());
+    dispatch(OpId::copy, device, {t}, {o});
+    return o;
+  }
   // Transfers are the CUDA backend's copy kernel, dispatched on the CUDA side (it handles host<->device
   // and device<->device). The result keeps a dense layout of the source (contiguous or channels-last).
   AF_CHECK(t.device().is_cuda() || device.is_cuda(), "to({}): no copy path from {} to {}", device.str(),

@@ -36,7 +36,8 @@ void AdamW::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
   // Host mode: the step counter advances only when the step is not skipped, so found_inf is read here
   // (free on the CPU). Device hyperparameters: the kernel keeps the count on the device, no read.
-  const bool skipped = !device_hyperparams() && found_inf.defined() && found_inf.item() != 0.0;
+  const bool skipped = !device_hyperparams() && found_inf.defined() && !found_inf.device().is_meta() &&
+                       found_inf.item() != 0.0;  // meta: no values, the step is assumed to run
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1,
@@ -70,7 +71,8 @@ void SGD::set_momentum(double m) {
 
 void SGD::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
-  const bool skipped = !device_hyperparams() && found_inf.defined() && found_inf.item() != 0.0;
+  const bool skipped = !device_hyperparams() && found_inf.defined() && !found_inf.device().is_meta() &&
+                       found_inf.item() != 0.0;  // meta: no values, the step is assumed to run
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     SgdAttrs at{g.lr,           options.momentum, options.dampening, g.weight_decay, options.nesterov, g.step == 0,

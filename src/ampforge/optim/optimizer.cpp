@@ -265,9 +265,16 @@ double clip_grad_norm_(Optimizer& opt, double max_norm) {
   double sq = 0;
   for (auto& g : opt.grad_buffers()) {
     Tensor f = ops::to_dtype(g, DType::F32);
-    sq += ops::sum(ops::mul(f, f)).item();
+    Tensor part = ops::sum(ops::mul(f, f));
+    // The meta device has no values: the norm is unknown (NaN) and assumed to exceed max_norm, so the gradients
+    // are scaled as when clipping is active (in place: no memory either way).
+    sq += part.device().is_meta() ? std::nan("") : part.item();
   }
   const double norm = std::sqrt(sq);
+  if (std::isnan(norm) && !opt.grad_buffers().empty() && opt.grad_buffers().front().device().is_meta()) {
+    for (auto& g : opt.grad_buffers()) ops::mul_scalar_(g, 1.0);
+    return norm;
+  }
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
     for (auto& g : opt.grad_buffers()) ops::mul_scalar_(g, coef);

@@ -9,6 +9,7 @@
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/backends/meta/meta.h"
 #include "ampforge/models/yolo.h"
 
 namespace ampforge::tasks {
@@ -42,6 +43,51 @@ float ciou_host(const float* b1, const float* b2, float eps = 1e-7f) {
   const float v = static_cast<float>(4.0 / (kPi * kPi)) * d * d;
   const float alpha = v / (v - iou + (1.0f + eps));
   return iou - (rho2 / c2 + v * alpha);
+}
+
+// The loss on the meta device (the note under DetectionLossResult): the assigner's values do not exist, so its
+// outputs are placeholders of their shapes and foreground anchors are assumed (the terms the box and DFL losses
+// add exist then, as in any batch with boxes). The differentiable part is the same ops as below, so the step
+// allocates what a real one does. Host-side tensors (the assignment, the bin weights before their upload) are
+// meta tensors when the meta device stands for the CPU, where they share the allocator; for CUDA they would be
+// host memory, and only their device copies (target scores, weights, target boxes, bin weights) are made.
+DetectionLossResult meta_loss(const Tensor& raw, const Tensor& pred_scores, const Tensor& pred_bboxes,
+                              const Tensor& dist4, const Tensor& anc, const Tensor& st, int64_t M,
+                              const DetectionLossOptions& opt) {
+  const int64_t B = raw.shape()[0], nc = raw.shape()[1] - 4 * kRegMax, A = raw.shape()[2];
+  const Device dev = raw.device();
+  const bool host_here = meta::target() == DeviceType::CPU;
+  Assignment as;
+  {
+    autograd::NoGradGuard ng;
+    // The assigner's inputs, as the real path computes them on the device.
+    const Tensor ps = sigmoid(to(pred_scores.detach(), DType::F32)), pb = mul(pred_bboxes.detach(), st),
+                 ap = mul(anc, st);
+    if (host_here) {
+      as.target_labels = Tensor::empty({B, A}, DType::I64, dev);
+      as.target_bboxes = Tensor::empty({B, A, 4}, DType::F32, dev);
+      as.fg_mask = Tensor::empty({B, A}, DType::Bool, dev);
+      as.target_gt_idx = Tensor::empty({B, A}, DType::I64, dev);
+    }
+    as.target_scores = Tensor::empty({B, A, nc}, DType::F32, dev);
+  }
+  DetectionLossResult r;
+  r.target_score_sum = std::nan("");
+  r.num_foreground = -1;
+  const double tss = 1.0;  // unknown; a scalar divisor costs no memory
+  const Tensor cls = binary_cross_entropy_with_logits(pred_scores, as.target_scores, Reduction::Sum) / tss;
+  Tensor box = zeros({}, DType::F32, dev), dfl = zeros({}, DType::F32, dev);
+  if (M > 0) {
+    const Tensor wgt_d = Tensor::empty({B, A}, DType::F32, dev);
+    const Tensor tb_d = Tensor::empty({B, A, 4}, DType::F32, dev);
+    const Tensor q_d = Tensor::empty({B, A, 4, kRegMax}, DType::F32, dev);
+    box = sum(mul(sub(ones({}, DType::F32, dev), bbox_ciou(pred_bboxes, tb_d)), wgt_d)) / tss;
+    dfl = neg(sum(mul(log_softmax(dist4, 3), q_d))) / tss;
+  }
+  Tensor total = (box * opt.box_gain + cls * opt.cls_gain + dfl * opt.dfl_gain) * static_cast<double>(B);
+  r.total = reshape(to(total, DType::F32), {});
+  r.box = r.cls = r.dfl = std::nan("");
+  return r;
 }
 
 }  // namespace
@@ -210,6 +256,8 @@ DetectionLossResult detection_loss(const Tensor& raw, const std::vector<std::pai
   const Tensor proj = to(reshape(arange(0, static_cast<double>(kRegMax), 1, DType::F32), {1, 1, 1, kRegMax}), dev);
   const Tensor ltrb = sum(mul(softmax(dist4, 3), proj), {3});                       // (B, A, 4)
   const Tensor pred_bboxes = cat({sub(anc, narrow(ltrb, 2, 0, 2)), add(anc, narrow(ltrb, 2, 2, 2))}, 2);
+
+  if (dev.is_meta()) return meta_loss(raw, pred_scores, pred_bboxes, dist4, anc, st, M, opt);
 
   // Targets: (class, cx, cy, w, h) normalised -> xyxy pixels (scale by (w, h, w, h), then xywh2xyxy).
   const std::vector<float> tg = host_floats(targets);

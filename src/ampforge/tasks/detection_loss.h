@@ -72,6 +72,10 @@ struct DetectionLossResult {
   int64_t num_foreground = 0;        // assigned anchors in the batch
   double target_score_sum = 0;       // max(sum of target scores, 1)
 };
+// On the meta device (backends/meta/meta.h) nothing has values and the assigner cannot run: the loss is built
+// with the same tensor ops on placeholders of the assignment's shapes, assuming the batch has boxes and
+// foreground anchors (the common case; the box and DFL terms then exist). `total` is a meta tensor; box, cls,
+// dfl and target_score_sum are NaN and num_foreground is -1 (unknown).
 
 // raw: the model's training output (B, 64 + nc, A) (models::DetectionModel::forward in training mode, any float
 // dtype, any device); sizes: (H_i, W_i) per level and strides (8, 16, 32) with sum H_i W_i = A;

@@ -1,5 +1,6 @@
 #include "ampforge/tasks/masked_lm.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ampforge/autograd/functions.h"
@@ -88,6 +89,12 @@ class MaskedLMEvaluator final : public Evaluator {
 
 }  // namespace
 
+int64_t meta_masked_rows(const Shape& ids, const MaskedLMOptions& o) {
+  AF_CHECK(ids.size() == 2, "meta_masked_rows: ids must be (batch, tokens), got {}", ids.str());
+  const int64_t eligible = ids[0] * std::max<int64_t>(ids[1] - 2, 0);
+  return std::min<int64_t>(eligible, std::llround(o.mlm_probability * static_cast<double>(eligible)));
+}
+
 MaskedBatch mask_tokens(const Tensor& x, const MaskedLMOptions& o, Generator* gen) {
   check_ids(x);
   autograd::NoGradGuard ng;
@@ -149,7 +156,7 @@ Tensor MaskedLMTask::loss(nn::Module& model, const data::Batch& b) {
   AF_CHECK(bert.config().vocab_size == opt_.vocab_size, "masked_lm: the model's vocabulary ({}) differs from the "
            "data's ({})", bert.config().vocab_size, opt_.vocab_size);
   const MaskedBatch mb = mask_tokens(b.x, opt_);
-  return bert.mlm_loss(mb.input_ids, mb.attention_mask, mb.labels);
+  return bert.mlm_loss(mb.input_ids, mb.attention_mask, mb.labels, meta_masked_rows(b.x.shape(), opt_));
 }
 
 std::unique_ptr<Evaluator> MaskedLMTask::evaluator() const { return std::make_unique<MaskedLMEvaluator>(opt_); }

@@ -41,6 +41,12 @@ struct MaskedBatch {
   Tensor input_ids, labels, attention_mask;
 };
 
+// The number of masked rows a meta step assumes (backends/meta/meta.h: nothing has values there): the expected
+// count, round(mlm_probability * B * (T - 2)), for sequences of [CLS], T - 2 regular tokens and [SEP] without
+// padding (what the synthetic batches and packed text sequences are). A real batch draws a binomial count
+// around it (standard deviation sqrt(n p (1 - p)), about 4 rows for 128 tokens).
+int64_t meta_masked_rows(const Shape& ids, const MaskedLMOptions& opt);
+
 // Applies the masking rule to ids (B, T) (integer or float holding ids) with `gen` (null: the global
 // generator). Pure tensor ops on ids' device: no host reads.
 MaskedBatch mask_tokens(const Tensor& ids, const MaskedLMOptions& opt, Generator* gen = nullptr);

@@ -95,6 +95,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   amp::GradScaler scaler(grad_scaler_options(amp));
   StepOptions so;
   so.precision = amp;
+  so.recompute = o.recompute;
   so.read_loss = !on_cuda;  // on CUDA the step stays free of host waits; the loss is read once at the end
   StepGraph graph;
   Tensor last_loss;

@@ -30,6 +30,7 @@ struct BenchmarkOptions {
   int steps = 5;                  // timed steps
   std::string optimizer = "sgd";  // sgd (momentum 0.9) | adamw, lr 1e-3, as the peer script
   bool cuda_graphs = false;       // CUDA: capture the step once after the warm-up, replay it
+  bool recompute = false;         // rebuild cheap activations in backward (StepOptions::recompute)
   // Called after every step (warm-up ones too) with (steps done, total steps): progress output.
   std::function<void(int, int)> on_step;
 };

@@ -102,7 +102,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"optimizer", c.optimizer},   {"weight_decay", c.weight_decay},
           {"no_decay_bias_norm", c.no_decay_bias_norm}, {"schedule", c.schedule},
           {"warmup_steps", c.warmup_steps}, {"label_smoothing", c.label_smoothing}, {"seed", c.seed},
-          {"precision", prec}, {"master_weights", c.master_weights},
+          {"precision", prec}, {"master_weights", c.master_weights}, {"recompute", c.recompute},
           {"stochastic_rounding", c.stochastic_rounding},
           {"channels_last", c.channels_last}, {"device", c.device}, {"cuda_graphs", c.cuda_graphs},
           {"corpus", c.corpus}, {"vocab", c.vocab}, {"vocab_size", c.vocab_size}, {"seq_len", c.seq_len},
@@ -479,6 +479,7 @@ TrainResult train(const TrainConfig& config) {
   to.accumulate = cfg.accumulate;
   to.precision = cfg.precision;
   to.master_weights = cfg.master_weights;
+  to.recompute = cfg.recompute;
   to.clip_grad_norm = cfg.clip_grad_norm;
   to.nan_policy = nan_policy_from_string(cfg.nan_policy);
   to.schedule.kind = optim::schedule_from_string(cfg.schedule);

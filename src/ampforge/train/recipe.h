@@ -70,6 +70,7 @@ struct TrainConfig {
   bool hflip = false;
   DType precision = DType::F32;            // F32 | F16 | BF16 (autocast + GradScaler for F16)
   bool master_weights = false;             // keep parameters in 16 bits with F32 masters in the optimizer
+  bool recompute = false;                  // rebuild cheap activations in backward (train::StepOptions::recompute)
   bool stochastic_rounding = false;        // BF16 master weights: round the model copy stochastically
   std::string nan_policy = "stop";         // stop | skip: what to do with a non-finite loss without a scaler
   int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)

@@ -1,6 +1,7 @@
 #include "ampforge/train/step.h"
 
 #include <cmath>
+#include <optional>
 
 #include "ampforge/amp/autocast.h"
 #include "ampforge/autograd/functions.h"
@@ -37,6 +38,8 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
     {
       profiler::Range fwd_range("forward", profiler::RangeKind::Phase);
       amp::Autocast ac(b.x.device(), use_autocast ? o.precision : DType::BF16, use_autocast);
+      std::optional<autograd::RecomputeGuard> rg;
+      if (o.recompute) rg.emplace(true);
       loss = task.loss(model, b);
     }
     AF_CHECK(loss.numel() == 1 && dtype_is_float(loss.dtype()), "task '{}': the loss must be one floating value, got "
@@ -44,7 +47,11 @@ StepResult train_step(nn::Module& model, tasks::Task& task, optim::Optimizer& op
     if (o.after_forward) o.after_forward(loss);
     Tensor lt = ops::to_dtype(loss.detach(), DType::F32).reshape({});
     if (o.data_parallel != nullptr) lt = o.data_parallel->average(lt);
-    if (o.read_loss) {
+    if (o.read_loss && lt.device().is_meta()) {
+      // The meta device has no values (backends/meta/meta.h): the loss is assumed finite, so the step goes on
+      // as it does in the common case; the reported loss is NaN.
+      loss_sum = std::nan("");
+    } else if (o.read_loss) {
       const double lv = [&] {
         profiler::Range sync_range("loss.item", profiler::RangeKind::Sync);
         return lt.item();

@@ -46,6 +46,10 @@ struct StepOptions {
   // looked at (so every rank takes the same non-finite-loss decision), the gradients are averaged after the
   // last micro-batch's backward, and GradScaler's found-inf is combined over the ranks before the step.
   DataParallel* data_parallel = nullptr;
+  // Rebuild cheap activations (batch norm, relu, residual sums) in backward instead of keeping them: less
+  // activation memory for a few extra elementwise passes, bit-identical gradients (autograd/node.h,
+  // RecomputeGuard; docs/MEMORY.md "Activation memory").
+  bool recompute = false;
 };
 
 struct StepResult {

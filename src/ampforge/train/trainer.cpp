@@ -297,6 +297,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   step_opts.precision = o_.precision;
   step_opts.clip_grad_norm = o_.clip_grad_norm;
   step_opts.sum_micro_batches = o_.accumulate_sum;
+  step_opts.recompute = o_.recompute;
   step_opts.schedule = &sched;
   // CUDA: the step keeps every decision on the device (no synchronisation), losses are read in blocks.
   step_opts.read_loss = !on_cuda;

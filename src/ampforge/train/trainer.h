@@ -38,6 +38,7 @@ struct TrainerOptions {
   bool accumulate_sum = false;  // add the micro-batches' gradients instead of averaging them (train/step.h)
   DType precision = DType::F32;  // F32 | F16 | BF16 (autocast; F16 adds a GradScaler)
   bool master_weights = false;   // parameters in `precision` with F32 masters in the optimizer (Apex O2)
+  bool recompute = false;        // rebuild cheap activations in backward (StepOptions::recompute)
   double clip_grad_norm = 0;     // 0: off
   NanPolicy nan_policy = NanPolicy::Stop;
   // LR schedule over the run. total_steps 0: the run's optimizer steps (epochs x steps per epoch).

@@ -1,10 +1,12 @@
 #include "ampforge/train/workload.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "ampforge/core/generator.h"
+#include "ampforge/nn/init.h"
 #include "ampforge/models/registry.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/classification.h"
@@ -16,17 +18,21 @@ namespace ampforge::train {
 
 namespace {
 
+// Where images are drawn: on the CPU and then moved, except on the meta device, where values do not exist (a
+// batch of 256 224x224 images would cost a second of drawing for nothing).
+Device image_device(const WorkloadOptions& o) { return o.device.is_meta() ? o.device : kCPU; }
+
 // Images N(0, 1) (what normalised inputs look like) and labels spread over the classes.
 void classification_batch(Workload& w, const models::ModelOptions& mo, const WorkloadOptions& o) {
   Generator gen(o.seed + 1);
-  Tensor x = randn({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, kCPU, &gen);
+  Tensor x = randn({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, image_device(o), &gen);
   if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
   std::vector<int64_t> labels(static_cast<size_t>(o.batch));
   // A stride coprime with typical class counts, so a small batch still sees different classes.
   for (int64_t i = 0; i < o.batch; ++i) labels[static_cast<size_t>(i)] = (i * 379 + 11) % mo.num_classes;
-  w.batch.x = o.device.is_cuda() ? x.to(o.device) : x;
+  w.batch.x = x.device() != o.device ? x.to(o.device) : x;
   w.batch.y = Tensor::from_vector(labels);
-  if (o.device.is_cuda()) w.batch.y = w.batch.y.to(o.device);
+  if (!o.device.is_cpu()) w.batch.y = w.batch.y.to(o.device);
   w.task = std::make_shared<tasks::ClassificationTask>();
   w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
 }
@@ -36,7 +42,7 @@ void classification_batch(Workload& w, const models::ModelOptions& mo, const Wor
 void detection_batch(Workload& w, const models::ModelOptions& mo, const WorkloadOptions& o) {
   constexpr int64_t kTargets = 4;
   Generator gen(o.seed + 1);
-  Tensor x = rand({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, kCPU, &gen);
+  Tensor x = rand({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, image_device(o), &gen);
   if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
   const Tensor u = rand({o.batch, kTargets, 4}, DType::F32, kCPU, &gen);
   Tensor t = Tensor::empty({o.batch, kTargets, 5}, DType::F32);
@@ -49,8 +55,8 @@ void detection_batch(Workload& w, const models::ModelOptions& mo, const Workload
     rows[5 * i + 3] = 0.05f + 0.3f * r[4 * i + 2];  // size in [0.05, 0.35)
     rows[5 * i + 4] = 0.05f + 0.3f * r[4 * i + 3];
   }
-  w.batch.x = o.device.is_cuda() ? x.to(o.device) : x;
-  w.batch.targets = o.device.is_cuda() ? t.to(o.device) : t;
+  w.batch.x = x.device() != o.device ? x.to(o.device) : x;
+  w.batch.targets = !o.device.is_cpu() ? t.to(o.device) : t;
   w.task = std::make_shared<tasks::DetectionTask>();
   w.input = fmt::format("{}x{}x{}", mo.in_channels, mo.image_size, mo.image_size);
 }
@@ -77,7 +83,7 @@ void masked_lm_batch(Workload& w, const models::ModelOptions& mo, const Workload
                                                : first + std::min<int64_t>(static_cast<int64_t>(r[i] * span), span - 1);
       p[i] = static_cast<float>(id);
     }
-  w.batch.x = o.device.is_cuda() ? ids.to(o.device) : ids;
+  w.batch.x = !o.device.is_cpu() ? ids.to(o.device) : ids;
   w.task = std::make_shared<tasks::MaskedLMTask>(mlm);
   w.input = fmt::format("seq {}", o.seq_len);
 }
@@ -102,9 +108,14 @@ Workload make_workload(const std::string& model, const WorkloadOptions& o) {
   if (entry.task == "masked_lm") mo.image_size = o.seq_len;  // sequence models: image_size is the length
   else if (o.image_size > 0) mo.image_size = o.image_size;
   manual_seed(o.seed);
-  w.module = entry.build(mo);
+  {
+    // On the meta device the parameters' values are dropped: skip drawing them (seconds for BERT-base).
+    std::optional<nn::init::SkipInitGuard> skip;
+    if (o.device.is_meta()) skip.emplace();
+    w.module = entry.build(mo);
+  }
   w.module->train();
-  if (o.device.is_cuda()) w.module->to(o.device);
+  if (!o.device.is_cpu()) w.module->to(o.device);
   if (entry.task == "classification") {
     classification_batch(w, mo, o);
   } else if (entry.task == "detection") {

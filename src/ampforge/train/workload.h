@@ -25,7 +25,8 @@ struct WorkloadOptions {
   int64_t image_size = 0;      // square images; 0: the model's default (registry), e.g. 224 for ResNet-50
   int64_t seq_len = 128;       // tokens per example, for sequence models
   uint64_t seed = 0;           // the data and the model's initialisation
-  Device device = kCPU;        // model and batch are placed here
+  Device device = kCPU;        // model and batch are placed here (built on the CPU, then moved; on the meta
+                               // device they keep their shapes and lose their values)
   bool channels_last = true;   // images in channels-last layout (what the data loader delivers)
 };
 

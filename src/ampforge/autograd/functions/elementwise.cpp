@@ -25,11 +25,18 @@ Tensor binary_fwd(OpId op, Tensor a, Tensor b) {
   const Shape sa = a.shape(), sb = b.shape();
   const bool ga = a.requires_grad(), gb = b.requires_grad();
   switch (op) {
-    case OpId::add:
-      record("AddBackward", {a, b}, {out}, [sa, sb, ga, gb](const Grads& g) -> Grads {
+    case OpId::add: {
+      auto node = record("AddBackward", {a, b}, {out}, [sa, sb, ga, gb](const Grads& g) -> Grads {
         return {ga ? reduce_grad(g[0], sa) : Tensor(), gb ? reduce_grad(g[0], sb) : Tensor()};
       });
+      // Recompute mode: a sum of two rebuildable tensors (a residual connection after batch norm) is rebuilt
+      // from them; referencing them keeps no memory.
+      if (autograd::recompute_enabled() && autograd::is_recomputable(a) && autograd::is_recomputable(b))
+        autograd::set_recompute(node, [A = SavedTensor(a), B = SavedTensor(b)](uint32_t) {
+          return ops::binary(OpId::add, A.get(), B.get());
+        });
       break;
+    }
     case OpId::sub:
       record("SubBackward", {a, b}, {out}, [sa, sb, ga, gb](const Grads& g) -> Grads {
         return {ga ? reduce_grad(g[0], sa) : Tensor(), gb ? reduce_grad(ops::mul_scalar(g[0], -1.0), sb) : Tensor()};
@@ -206,7 +213,22 @@ Tensor rsqrt(const Tensor& x_in) {
   return out;
 }
 
-Tensor relu(const Tensor& x) { return unary_kernel_grad(OpId::relu, OpId::relu_backward, x, true, "ReluBackward"); }
+Tensor relu(const Tensor& x_in) {
+  // Recompute mode with a rebuildable input (batch norm, a residual sum): keep the input's recipe instead of
+  // the output. relu_backward's mask is saved > 0, the same for the input as for the output.
+  if (!autograd::recompute_enabled() || !autograd::is_recomputable(x_in))
+    return unary_kernel_grad(OpId::relu, OpId::relu_backward, x_in, true, "ReluBackward");
+  Tensor x = x_in;
+  autograd::autocast_inputs(OpId::relu, {&x});
+  Tensor out = ops::unary(OpId::relu, x);
+  if (!needs_grad({&x})) return out;
+  const SavedTensor X(x);
+  auto node = record("ReluBackward", {x}, {out}, [X](const Grads& g) -> Grads {
+    return {ops::pointwise_backward(OpId::relu_backward, g[0], X.get())};
+  });
+  autograd::set_recompute(node, [X](uint32_t) { return ops::unary(OpId::relu, X.get()); }, /*keep=*/true);
+  return out;
+}
 Tensor sigmoid(const Tensor& x) {
   return unary_kernel_grad(OpId::sigmoid, OpId::sigmoid_backward, x, true, "SigmoidBackward");
 }

@@ -22,13 +22,22 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   if (needs_grad({&x, &w, &b})) {
     const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(), gb = b.defined() && b.requires_grad();
     const DType bias_dtype = b.defined() ? b.dtype() : DType::F32;
-    record("BatchNormBackward", {x, w, b}, {r.out},
-           [at, gx, gw, gb, bias_dtype, X = SavedTensor(x), W = SavedTensor(w), M = SavedTensor(r.save_mean),
-            I = SavedTensor(r.save_invstd)](const Grads& g) -> Grads {
-             ops::NormGrads d = ops::batch_norm_backward(g[0], X.get(), W.get(), M.get(), I.get(), at, {gx, gw, gb});
-             if (d.grad_bias.defined()) d.grad_bias = ops::to_dtype(d.grad_bias, bias_dtype);
-             return {d.grad_input, d.grad_weight, d.grad_bias};
-           });
+    const SavedTensor X(x), W(w);
+    auto node = record("BatchNormBackward", {x, w, b}, {r.out},
+                       [at, gx, gw, gb, bias_dtype, X, W, M = SavedTensor(r.save_mean),
+                        I = SavedTensor(r.save_invstd)](const Grads& g) -> Grads {
+                         ops::NormGrads d =
+                             ops::batch_norm_backward(g[0], X.get(), W.get(), M.get(), I.get(), at, {gx, gw, gb});
+                         if (d.grad_bias.defined()) d.grad_bias = ops::to_dtype(d.grad_bias, bias_dtype);
+                         return {d.grad_input, d.grad_weight, d.grad_bias};
+                       });
+    // Recompute mode: the output is rebuilt from the saved input by the same kernel in training mode, which
+    // computes the same batch statistics (fixed-order sums) and so the same values bit for bit; without the
+    // running statistics, which the forward already updated.
+    if (training)
+      autograd::set_recompute(node, [at, X, W, B = SavedTensor(b)](uint32_t) {
+        return ops::batch_norm(X.get(), W.get(), B.get(), Tensor(), Tensor(), at).out;
+      });
   }
   return r.out;
 }
