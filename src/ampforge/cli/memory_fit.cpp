@@ -10,6 +10,7 @@
 // batch does not fit), as `memory replay` exits 1 when its budget is exceeded; 2 bad input.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -151,6 +152,20 @@ int run_fit(const FitArgs& a) {
   }
   const double seconds = clock.seconds();
   const bool ok = a.batch > 0 ? r.best == a.batch : r.best > 0;
+  // What --recompute would buy, when it is cheap to find out (the meta device plans in a fraction of a second):
+  // the first thing to try when a batch does not fit.
+  std::optional<memory::FitResult> with_recompute;
+  if (a.batch == 0 && !a.recompute && s.device.is_meta()) {
+    train::FitProbeSetup sr = s;
+    sr.cfg.recompute = true;
+    memory::FitSearchOptions o;
+    o.budget = s.budget;
+    o.max_batch = a.max_batch;
+    o.granule = static_cast<int64_t>(memory::kHostGranule);
+    o.quick = a.steps > 1;
+    with_recompute = memory::fit_search([&](int64_t b, bool full) { return train::run_fit_probe(sr, b, full); }, o,
+                                        [](const memory::FitProbe&, const char*) {});
+  }
 
   if (a.json) {
     nlohmann::json j = memory::fit_result_to_json(r, s.budget);
@@ -169,6 +184,8 @@ int run_fit(const FitArgs& a) {
       j["expandable_segments"] = meta::MetaOptions::stand_for(s.stands_for).expandable_segments;
     }
     j["seconds"] = seconds;
+    if (with_recompute)
+      j["with_recompute"] = {{"largest_batch", with_recompute->best}, {"limited", with_recompute->limited}};
     if (a.batch > 0) {
       j["fits"] = ok;
       if (!ok) j["oom_report"] = r.probes.back().oom_report;
@@ -206,6 +223,10 @@ int run_fit(const FitArgs& a) {
               memory::fit_breakdown_format(b, s.budget).c_str());
   std::printf("peak live %s; %zu probe%s in %.1fs\n", format_bytes(bp.measure.peak_live).c_str(), r.probes.size(),
               r.probes.size() == 1 ? "" : "s", seconds);
+  if (with_recompute && with_recompute->best > r.best)
+    std::printf("with --recompute (batch norm, relu and residual outputs rebuilt in backward; the same gradients, a "
+                "few %% slower): largest batch %lld%s\n",
+                static_cast<long long>(with_recompute->best), with_recompute->limited ? " (the --max-batch limit)" : "");
   return 0;
 }
 

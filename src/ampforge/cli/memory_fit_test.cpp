@@ -173,6 +173,10 @@ TEST(MemoryFitCli, MetaPlansResNet50OnA16GiBCardInSeconds) {
   EXPECT_GT(plain.at("batch").get<int64_t>(), 64);
   EXPECT_LT(plain.at("batch").get<int64_t>(), j.at("batch").get<int64_t>());
   EXPECT_GT(plain.at("breakdown").at("activations").get<int64_t>(), j.at("breakdown").at("activations").get<int64_t>());
+  // The plain answer says what --recompute would give: the same search, the same figure.
+  ASSERT_TRUE(plain.contains("with_recompute")) << plain.dump();
+  EXPECT_EQ(plain.at("with_recompute").at("largest_batch"), j.at("batch"));
+  EXPECT_FALSE(j.contains("with_recompute")) << "already recomputing";
 }
 
 TEST(MemoryFitCli, MetaBadInputIsExit2) {
