@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ampforge/ampforge.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/models/bert.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/util/timer.h"
@@ -142,6 +143,9 @@ int main(int argc, char** argv) {
       (a.head != "masked" && a.head != "full") || (a.config != "base" && a.config != "mini" && a.config != "tiny"))
     return usage();
   af::set_num_threads(a.threads);
+  // Tensors from the caching allocator, as `ampforge train` and `ampforge bench` run (a step frees and re-allocates
+  // the same sizes: hits instead of page-faulting fresh memory every step).
+  af::memory::install_host_caching_allocator();
   std::printf("BERT-%s masked-LM training step on the CPU (forward + loss + backward + AdamW, dropout 0.1, head at %s), "
               "batch %lld x %lld tokens, %d threads, synthetic ids, %d warm-up + %d timed steps (median; mean)\n",
               a.config.c_str(), a.head == "masked" ? "the masked positions" : "every position",

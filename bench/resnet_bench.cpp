@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ampforge/ampforge.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/profiler/profiler.h"
 #include "ampforge/profiler/report.h"
@@ -181,6 +182,9 @@ int main(int argc, char** argv) {
       (a.optimizer != "sgd" && a.optimizer != "adamw"))
     return usage();
   af::set_num_threads(a.threads);
+  // Tensors from the caching allocator, as `ampforge train` and `ampforge bench` run (a step frees and re-allocates
+  // the same sizes: hits instead of page-faulting fresh memory every step).
+  af::memory::install_host_caching_allocator();
   std::printf("ResNet-50 training step on the CPU (forward + cross-entropy + backward + %s), batch %lld, %lldx%lld, %d threads, "
               "synthetic data, %d warm-up + %d timed steps (median; mean in brackets)\n",
               a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.size),
