@@ -1,7 +1,9 @@
 // The backward engine: counts, for every node reachable from the roots, how many gradients it waits
 // for; runs nodes whose inputs are complete (the most recently created first); sums gradients that
-// meet at the same input; checks each gradient's shape and casts it to the input's dtype (so a
-// gradient that crossed an autocast cast arrives in the parameter's dtype).
+// meet at the same input (a leaf used k times has one AccumulateGrad, so its gradient is summed here and
+// accumulated once); runs tensor hooks on a node's incoming gradients before the node; checks each
+// gradient's shape and device and casts it to the input's dtype (so a gradient that crossed an autocast
+// cast arrives in the parameter's dtype).
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -72,6 +74,7 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
     Grads in = std::move(buffers[n]);
     buffers.erase(n);
     in.resize(n->num_outputs);
+    n->run_pre_hooks(in, capture == nullptr);
     if (capture) {
       auto it = capture->at.find(n);
       if (it != capture->at.end()) {
@@ -98,6 +101,10 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
         const InputMeta& m = n->input_meta[i];
         AF_ASSERT(g.shape() == m.shape, "{}: gradient for input {} has shape {}, expected {}", n->name(), i,
                   g.shape().str(), m.shape.str());
+        // A backward written by a user (autograd::record) can return its gradient anywhere; passing it on would
+        // fail later far from the cause, or not at all (autograd::grad hands it back as it is).
+        AF_CHECK(g.device() == m.device, "autograd: {} returned an invalid gradient at index {} - expected device {} "
+                 "but got {}", n->name(), i, m.device.str(), g.device().str());
         if (g.dtype() != m.dtype) g = ops::to_dtype(g, m.dtype);
       }
       accumulate(e.fn.get(), e.input_nr, g);
@@ -112,7 +119,7 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
 
 Edge root_edge(const Tensor& t) {
   if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
-  if (t.requires_grad()) return {std::make_shared<AccumulateGrad>(t), 0};
+  if (t.requires_grad()) return {grad_accumulator(t), 0};
   return {};
 }
 
