@@ -161,6 +161,7 @@ memory::FitProbe run_probe(const ProbeSetup& s, int64_t batch, bool full) {
       for (const auto& g : opt->param_groups()) {
         params.push_back(g.flat_params);
         grads.push_back(g.flat_grads);
+        grads.push_back(g.master_grads);  // F16 groups: the F32 unscaled gradients
         state.push_back(g.master);
       }
       for (auto& [name, t] : model->named_parameters()) params.push_back(t);  // any the optimizer does not hold

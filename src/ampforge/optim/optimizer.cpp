@@ -21,6 +21,36 @@ Tensor view_into(const Tensor& flat, int64_t off, const Tensor& like) {
   Strides st = f == MemoryFormat::ChannelsLast ? channels_last_strides(like.shape()) : contiguous_strides(like.shape());
   return flat.as_strided_raw(like.shape(), st, flat.offset() + off);
 }
+
+// Allocates g's flat parameter and gradient buffers (total elements, dtype dt on dev), copies each
+// parameter's current data into its slot and makes the parameter and its .grad views of the buffers.
+// keep_grads: a parameter's existing .grad (in any dtype or device) is copied into its slot.
+void bind_flat(ParamGroup& g, DType dt, Device dev, int64_t total, bool keep_grads) {
+  g.flat_params = ops::zeros({total}, dt, dev);
+  g.flat_grads = ops::zeros({total}, dt, dev);
+  int64_t off = 0;
+  for (const Tensor& p : g.params) {
+    Tensor v = view_into(g.flat_params, off, p);
+    ops::copy_(v, p.detach());
+    Tensor gv = view_into(g.flat_grads, off, p);
+    const Tensor old = p.grad();
+    if (keep_grads && old.defined() && old.shape() == p.shape())
+      ops::copy_(gv, ops::to_device(ops::to_dtype(old, dt), dev));
+    p.set_data(v);
+    p.set_grad(gv);
+    off += aligned(p.numel());
+  }
+}
+
+// Whether every parameter of g is still the view of g.flat_params the optimizer made.
+bool still_bound(const ParamGroup& g) {
+  int64_t off = g.flat_params.offset();
+  for (const Tensor& p : g.params) {
+    if (p.storage() != g.flat_params.storage() || p.offset() != off || p.dtype() != g.flat_params.dtype()) return false;
+    off += aligned(p.numel());
+  }
+  return true;
+}
 }  // namespace
 
 Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr, double default_wd)
@@ -48,18 +78,11 @@ Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr
       AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
       total += aligned(p.numel());
     }
-    g.flat_params = ops::zeros({total}, dt, dev);
-    g.flat_grads = ops::zeros({total}, dt, dev);
-    int64_t off = 0;
-    for (const Tensor& p : spec.params) {
-      Tensor v = view_into(g.flat_params, off, p);
-      ops::copy_(v, p.detach());
-      p.set_data(v);
-      p.set_grad(view_into(g.flat_grads, off, p));
-      g.params.push_back(p);
-      off += aligned(p.numel());
-    }
+    g.params = spec.params;
+    bind_flat(g, dt, dev, total, /*keep_grads=*/false);
     if (dt != DType::F32) g.master = ops::to_dtype(g.flat_params, DType::F32);
+    if (dt == DType::F16) g.master_grads = ops::zeros({total}, DType::F32, dev);
+    g.synced_version = g.flat_params.storage()->version();
     groups_.push_back(std::move(g));
     state_.emplace_back();
   }
@@ -131,8 +154,10 @@ ModelCopyRounding Optimizer::model_copy_rounding(size_t group, const RoundingOpt
 Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
 
 void Optimizer::zero_grad() {
+  ensure_bound();
   for (auto& g : groups_) {
     ops::fill_(g.flat_grads, 0.0);
+    g.master_grads_current = false;
     // Re-attach in case user code replaced a .grad (e.g. set it to a fresh tensor).
     int64_t off = 0;
     for (auto& p : g.params) {
@@ -143,10 +168,83 @@ void Optimizer::zero_grad() {
   }
 }
 
-std::vector<Tensor> Optimizer::grad_buffers() const {
+std::vector<Tensor> Optimizer::grad_buffers() {
+  ensure_bound();
   std::vector<Tensor> out;
-  for (auto& g : groups_) out.push_back(g.flat_grads);
+  for (auto& g : groups_) out.push_back(g.master_grads_current ? g.master_grads : g.flat_grads);
   return out;
+}
+
+void Optimizer::unscale_grads_(const Tensor& inv_scale, const Tensor& found_inf) {
+  ensure_bound();
+  autograd::NoGradGuard ng;
+  for (auto& g : groups_) {
+    if (g.master_grads.defined()) {
+      // F16 -> F32 is exact; the division then happens in F32, where a gradient of 1e-8 survives.
+      ops::copy_(g.master_grads, g.flat_grads);
+      ops::amp_unscale_(g.master_grads, inv_scale, found_inf);
+      g.master_grads_current = true;
+    } else {
+      ops::amp_unscale_(g.flat_grads, inv_scale, found_inf);
+    }
+  }
+}
+
+Tensor Optimizer::take_step_grads(size_t group) {
+  ParamGroup& g = groups_[group];
+  const bool master = g.master_grads_current;
+  g.master_grads_current = false;
+  return master ? g.master_grads : g.flat_grads;
+}
+
+void Optimizer::note_stepped(size_t group) {
+  groups_[group].synced_version = groups_[group].flat_params.storage()->version();
+}
+
+void Optimizer::ensure_bound() {
+  autograd::NoGradGuard ng;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    ParamGroup& g = groups_[i];
+    if (!still_bound(g)) {
+      rebind_group(i);
+    } else if (g.master.defined() && g.flat_params.storage()->version() != g.synced_version) {
+      // Written in place from outside (a state-dict load, a broadcast): the step must start from these.
+      ops::copy_(g.master, g.flat_params);
+      g.synced_version = g.flat_params.storage()->version();
+    }
+  }
+}
+
+void Optimizer::rebind_group(size_t gi) {
+  ParamGroup& g = groups_[gi];
+  const DType dt = g.params[0].dtype();
+  const Device dev = g.params[0].device();
+  int64_t total = 0;
+  for (const Tensor& p : g.params) {
+    AF_CHECK(p.dtype() == dt && p.device() == dev,
+             "optimizer: the parameters of group {} were moved after the optimizer was built and no longer share one "
+             "dtype and device ({} on {} and {} on {}); move the whole model with Module::to(), or build the "
+             "optimizer after moving it", gi, dtype_name(dt), dev.str(), dtype_name(p.dtype()), p.device().str());
+    AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
+    total += aligned(p.numel());
+  }
+  AF_ASSERT(total == g.flat_params.numel(), "optimizer: group {} changed size ({} -> {})", gi, g.flat_params.numel(),
+            total);
+  // A device move keeps the F32 master (the precise weights). A dtype change, or a write into the parameters
+  // after the last step, starts from the parameters as they are now, as an optimizer built at this point
+  // would: so Module::to(dtype) before or after building the optimizer trains identically.
+  const Tensor keep_master = g.master.defined() && g.flat_params.dtype() == dt &&
+                                     g.flat_params.storage()->version() == g.synced_version
+                                 ? g.master
+                                 : Tensor();
+  bind_flat(g, dt, dev, total, /*keep_grads=*/true);
+  if (dt == DType::F32) g.master = Tensor();
+  else g.master = keep_master.defined() ? ops::to_device(keep_master, dev) : ops::to_dtype(g.flat_params, DType::F32);
+  g.master_grads = dt == DType::F16 ? ops::zeros({total}, DType::F32, dev) : Tensor();
+  g.master_grads_current = false;
+  for (auto& [name, t] : state_[gi]) t = ops::to_device(t, dev);
+  if (g.hyper.defined()) g.hyper = ops::to_device(g.hyper, dev);
+  g.synced_version = g.flat_params.storage()->version();
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
@@ -170,6 +268,7 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
     AF_CHECK(it != m.end(), "optimizer state: missing entry '{}' (saved by a different optimizer?)", k);
     return it->second;
   };
+  ensure_bound();
   autograd::NoGradGuard ng;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const std::string p = "group" + std::to_string(i) + ".";
@@ -179,8 +278,11 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
                s.numel(), t.numel());
       ops::copy_(t, ops::to_device(s.reshape(t.shape()), t.device()));
     }
-    if (groups_[i].master.defined())
+    if (groups_[i].master.defined()) {
       ops::copy_(groups_[i].master, ops::to_device(need(p + "master"), groups_[i].master.device()));
+      // The saved master is the precise copy of the saved (rounded) parameters: it stays in charge.
+      groups_[i].synced_version = groups_[i].flat_params.storage()->version();
+    }
     groups_[i].step = static_cast<int64_t>(need(p + "step").item());
     groups_[i].lr = need(p + "lr").item();
     if (device_hyper_) {
