@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -207,7 +208,7 @@ TEST(CachingAllocator, RecentFreesAreReusedExactlyAndCoalescedBeforeTheProvider)
   CachingAllocator a(card, PolicyConfig::ampforge());
   std::vector<void*> ps;
   for (int i = 0; i < 8; ++i) ps.push_back(a.allocate_on(4 * MiB, 0));
-  const int64_t calls = a.stats().provider_calls;  // (reading figures coalesces held blocks: read first)
+  const int64_t calls = a.stats().provider_calls;
   for (void* p : ps) a.free(p);                     // held: not coalesced yet
   // The same size again: the most recently freed block, a cache hit without any provider call.
   void* q = a.allocate_on(4 * MiB, 0);
@@ -453,4 +454,60 @@ TEST(CachingAllocator, InstallsAsTheCpuAllocator) {
 }
 
 }  // namespace
+}  // namespace ampforge::memory
+
+namespace ampforge::memory {
+namespace {
+
+// One allocation sequence; `observe` runs between the frees and the next allocation.
+std::vector<uintptr_t> offsets_after_frees(const std::function<void(CachingAllocator&)>& observe) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(1 * KiB, 0);
+  void* q = a.allocate_on(1 * KiB, 0);
+  a.free(p);
+  a.free(q);  // both held: kept for an exact-size reuse, not coalesced
+  observe(a);
+  void* r = a.allocate_on(2 * KiB, 0);
+  void* t = a.allocate_on(1 * KiB, 0);
+  std::vector<uintptr_t> out{addr(r) - addr(p), addr(t) - addr(p)};
+  a.free(r);
+  a.free(t);
+  return out;
+}
+
+}  // namespace
+
+TEST(CachingAllocator, ReadingFiguresChangesNothing) {
+  const auto control = offsets_after_frees([](CachingAllocator&) {});
+  const auto observed = offsets_after_frees([](CachingAllocator& a) {
+    const AllocatorStats before = a.stats();
+    const nlohmann::json snap = a.snapshot();
+    (void)a.oom_report(64 * MiB, 0);
+    (void)a.timeline();
+    EXPECT_EQ(a.stats().largest_free_block, before.largest_free_block);
+    EXPECT_EQ(a.snapshot(), snap);
+    // The figures already count the held blocks as coalesced free memory.
+    EXPECT_EQ(before.active.current, 0);
+    EXPECT_EQ(before.largest_free_block, before.reserved.current);
+    int free_runs = 0;
+    for (const auto& b : snap["segments"][0]["blocks"]) free_runs += b["state"] == "free";
+    EXPECT_EQ(free_runs, 1) << snap.dump();
+  });
+  EXPECT_EQ(observed, control) << "stats()/snapshot()/oom_report() changed where the next allocations went";
+}
+
+TEST(CachingAllocator, TimelineIsACopy) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(4 * KiB, 0);
+  a.step();
+  const std::vector<TimelinePoint> t = a.timeline();
+  a.step();
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].allocated, static_cast<int64_t>(4 * KiB));
+  EXPECT_EQ(a.timeline().size(), 2u);
+  a.free(p);
+}
+
 }  // namespace ampforge::memory
