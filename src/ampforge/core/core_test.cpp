@@ -146,6 +146,20 @@ TEST(TypePromotion, ZeroDimOperandsFollowPyTorch) {
   EXPECT_EQ(ops::to_dtype(mul(h, full({}, 0.5)), DType::F32).tolist<float>(), (std::vector<float>{0.5f, 1, 1.5f}));
 }
 
+TEST(TypePromotion, FractionalScalarsDoNotTruncateIntegerTensors) {
+  // torch.tensor([1, 3]) * 0.5 is float32 [0.5, 1.5]; a fractional scalar must not be truncated to 0.
+  const Tensor i = Tensor::from_vector<int64_t>({1, 3});
+  const Tensor h = mul(i, 0.5);
+  EXPECT_EQ(h.dtype(), DType::F32);
+  EXPECT_EQ(h.tolist<float>(), (std::vector<float>{0.5f, 1.5f}));
+  EXPECT_EQ(add(i, 0.25).tolist<float>(), (std::vector<float>{1.25f, 3.25f}));
+  // An integral value keeps integer arithmetic (torch's `t * 2`; a double cannot tell 2 from 2.0).
+  EXPECT_EQ(mul(i, 2.0).dtype(), DType::I64);
+  EXPECT_EQ(mul(i, 2.0).tolist<int64_t>(), (std::vector<int64_t>{2, 6}));
+  // Floating tensors keep their dtype whatever the scalar (a scalar never promotes within a category).
+  EXPECT_EQ(mul(ops::zeros({2}, DType::F16), 1e5).dtype(), DType::F16);
+}
+
 namespace {
 std::atomic<int> g_copies{0};
 void* count_copies(OpId op, const KernelArgs&) {

@@ -1,4 +1,6 @@
 // ops/: elementwise unary, binary, comparison, where.
+#include <cmath>
+
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::ops {
@@ -62,13 +64,23 @@ Tensor unary(OpId op, const Tensor& x_in, const void* attrs) {
   return out;
 }
 
+namespace {
+// PyTorch: a floating scalar with an integer tensor gives a floating result (the default dtype, F32). A C++
+// double cannot say whether it was written 2 or 2.0, so an integral value keeps integer arithmetic (torch's
+// `t * 2`) and a fractional, infinite or NaN one computes in F32 instead of truncating to 0.
+Tensor scalar_operand(const Tensor& x, double s) {
+  const bool fractional = !std::isfinite(s) || s != std::floor(s);
+  return !x.is_floating_point() && x.dtype() != DType::Bool && fractional ? to_dtype(x, DType::F32) : x;
+}
+}  // namespace
+
 Tensor add_scalar(const Tensor& x, double s) {
   ScalarAttrs at{s};
-  return unary(OpId::add_scalar, x, &at);
+  return unary(OpId::add_scalar, scalar_operand(x, s), &at);
 }
 Tensor mul_scalar(const Tensor& x, double s) {
   ScalarAttrs at{s};
-  return unary(OpId::mul_scalar, x, &at);
+  return unary(OpId::mul_scalar, scalar_operand(x, s), &at);
 }
 Tensor pow_scalar(const Tensor& x, double s) {
   ScalarAttrs at{s};
