@@ -430,6 +430,49 @@ TEST(CachingAllocator, SnapshotAndReport) {
   a.free(q);
 }
 
+TEST(CachingAllocator, SnapshotReadRejectsWhatTheRenderersCannotDraw) {
+  // snapshot_read checks every field the summary and the charts read, so a hand-edited or corrupt file is an
+  // InvalidArgument naming the field, never a JSON library exception from a renderer or an overflow.
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(4 * KiB, 0);
+  a.step();
+  const nlohmann::json good = a.snapshot();
+  a.free(p);
+  const std::string path = testing::TempDir() + "/ampforge_bad_snapshot.json";
+  auto expect_rejected = [&](const nlohmann::json& j, const std::string& field) {
+    { std::ofstream(path) << j.dump(); }
+    try {
+      (void)snapshot_summary(snapshot_read(path));
+      ADD_FAILURE() << "accepted a snapshot with a bad " << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json j = good;
+  j["stats"]["num_allocs"] = "many";
+  expect_rejected(j, "stats.num_allocs");
+  j = good;
+  j["stats"].erase("fragmentation");
+  expect_rejected(j, "stats.fragmentation");
+  j = good;
+  j["segments"][0]["blocks"][0]["size"] = -5;
+  expect_rejected(j, "segments[0].blocks[0].size");
+  j = good;
+  j["segments"][0]["extent"] = int64_t{1} << 62;  // the chart's arithmetic would overflow
+  expect_rejected(j, "segments[0].extent");
+  j = good;
+  j["timeline"][0]["peak_reserved"] = nullptr;
+  expect_rejected(j, "timeline[0].peak_reserved");
+  j = good;
+  j["policy"] = 3;
+  expect_rejected(j, "policy");
+  { std::ofstream(path) << good.dump(); }
+  EXPECT_NE(snapshot_summary(snapshot_read(path)).find("timeline: 1 steps"), std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(CachingAllocator, InstallsAsTheCpuAllocator) {
   Allocator* before = get_allocator(DeviceType::CPU);
   CachingAllocator& a = install_host_caching_allocator({.budget = size_t{1} << 30});
