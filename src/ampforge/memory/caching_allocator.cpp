@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 #include "ampforge/util/log.h"
 
 namespace ampforge::memory {
@@ -907,11 +908,7 @@ nlohmann::json CachingAllocator::snapshot() const {
 }
 
 void CachingAllocator::write_snapshot(const std::string& path) const {
-  const std::string text = snapshot().dump(1) + "\n";
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) AF_THROW(Io, "cannot write the memory snapshot '{}': {}", path, std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) AF_THROW(Io, "writing the memory snapshot '{}' failed (disk full?)", path);
+  write_file_atomically(path, snapshot().dump(1) + "\n", "memory snapshot");
 }
 
 // ---- OOM report -------------------------------------------------------------------------------------
