@@ -228,8 +228,8 @@ void Optimizer::rebind_group(size_t gi) {
     AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
     total += aligned(p.numel());
   }
-  AF_ASSERT(total == g.flat_params.numel(), "optimizer: group {} changed size ({} -> {})", gi, g.flat_params.numel(),
-            total);
+  AF_CHECK(total == g.flat_params.numel(), "optimizer: the parameters of group {} changed size after the optimizer was "
+           "built ({} elements, now {}); build a new optimizer for a changed model", gi, g.flat_params.numel(), total);
   // A device move keeps the F32 master (the precise weights). A dtype change, or a write into the parameters
   // after the last step, starts from the parameters as they are now, as an optimizer built at this point
   // would: so Module::to(dtype) before or after building the optimizer trains identically.
