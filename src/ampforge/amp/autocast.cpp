@@ -4,22 +4,20 @@
 
 namespace ampforge::amp {
 
-Autocast::Autocast(Device device, DType dtype, bool enabled) : prev_(autograd::autocast_state()) {
+Autocast::Autocast(Device device, DType dtype, bool enabled)
+    : device_(device.type), prev_(autograd::autocast_state(device.type)) {
   AF_CHECK(dtype_is_16bit_float(dtype), "Autocast: dtype must be f16 or bf16, got {}", dtype_name(dtype));
-  autograd::set_autocast_state({enabled, dtype, device.type});
+  autograd::set_autocast_state(device_, {enabled, dtype});
   autograd::autocast_enter();
 }
 
 Autocast::~Autocast() {
-  autograd::set_autocast_state(prev_);
+  autograd::set_autocast_state(device_, prev_);
   autograd::autocast_exit();
 }
 
-bool is_autocast_enabled(DeviceType device) {
-  auto s = autograd::autocast_state();
-  return s.enabled && s.device == device;
-}
+bool is_autocast_enabled(DeviceType device) { return autograd::autocast_state(device).enabled; }
 
-DType autocast_dtype() { return autograd::autocast_state().dtype; }
+DType autocast_dtype(DeviceType device) { return autograd::autocast_state(device).dtype; }
 
 }  // namespace ampforge::amp

@@ -55,7 +55,8 @@ void GradScaler::unscale_(optim::Optimizer& o) {
                                    DType::F32)
                    : ops::div(ops::ones({}, DType::F32, scale_.device()), scale_);
   st.found_inf = ops::zeros({}, DType::F32, scale_.device());
-  for (const Tensor& g : o.grad_buffers()) ops::amp_unscale_(g, inv, st.found_inf);
+  // F16 groups unscale into their F32 master gradients (optimizer.h), never in place in F16.
+  o.unscale_grads_(inv, st.found_inf);
   st.stage = Stage::Unscaled;
 }
 

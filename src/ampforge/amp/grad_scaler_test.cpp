@@ -192,3 +192,55 @@ TEST(GradScaler, NanGradientsAreSkippedToo) {
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 32768.0);
 }
+
+TEST(GradScaler, F16GradientsAreUnscaledIntoF32MasterGradients) {
+  // Master weights with F16 parameters (train --master-weights --precision fp16): the scaled gradients
+  // (1e-8 and 3e-8 times 65536: normal F16 numbers) must come out of unscaling as 1e-8 and 3e-8, which F16
+  // cannot hold (2^-24 = 6e-8 is its smallest subnormal): unscaling in place in F16 flushes the first to
+  // zero and doubles the second.
+  Tensor w = ops::to_dtype(Tensor::from_vector<float>({1e-3f, 1e-3f}), DType::F16);
+  w.requires_grad_(true);
+  optim::SGDOptions so;
+  so.lr = 1.0;
+  optim::SGD opt({w}, so);
+  const std::vector<float> master0 = opt.param_groups()[0].master.narrow(0, 0, 2).tolist<float>();
+  amp::GradScaler scaler;
+  const Tensor c = Tensor::from_vector<float>({1e-8f, 3e-8f});
+  scaler.scale(sum(mul(w, c))).backward();
+  EXPECT_EQ(w.grad().dtype(), DType::F16);
+  scaler.unscale_(opt);
+  const Tensor g = opt.grad_buffers()[0];  // what clipping and the step see
+  ASSERT_EQ(g.dtype(), DType::F32);
+  const std::vector<float> gv = g.narrow(0, 0, 2).tolist<float>();
+  for (int i = 0; i < 2; ++i) {
+    const double want = static_cast<double>(c.tolist<float>()[i]);
+    // The only rounding: the scaled gradient to F16 (relative 2^-11).
+    EXPECT_NEAR(gv[i], want, want * 1e-3) << "element " << i;
+  }
+  EXPECT_TRUE(scaler.step(opt));
+  scaler.update();
+  const std::vector<float> master1 = opt.param_groups()[0].master.narrow(0, 0, 2).tolist<float>();
+  // master -= lr * g, one F32 rounding at the master's magnitude (1e-3: half an ulp is 5.8e-11).
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NEAR(static_cast<double>(master0[i]) - master1[i], gv[i], 6e-11) << "element " << i;
+  // The model copy is the master rounded to F16.
+  const Tensor rounded = ops::to_dtype(opt.param_groups()[0].master.narrow(0, 0, 2), DType::F16);
+  EXPECT_EQ(bytes_of(w), bytes_of(rounded));
+  // The next iteration's gradients are in the F16 buffer again.
+  opt.zero_grad();
+  EXPECT_EQ(opt.grad_buffers()[0].dtype(), DType::F16);
+}
+
+TEST(GradScaler, F16MasterGradientsSkipOnOverflow) {
+  Tensor w = ops::to_dtype(Tensor::from_vector<float>({1, 2}), DType::F16);
+  w.requires_grad_(true);
+  optim::SGD opt({w}, {});
+  amp::GradScaler scaler;
+  const std::vector<uint8_t> before = bytes_of(w);
+  // 1e4 * 65536 overflows F16: the step must be skipped and the scale backed off.
+  scaler.scale(sum(mul(w, Tensor::from_vector<float>({1e4f, 1})))).backward();
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(bytes_of(w), before);
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}

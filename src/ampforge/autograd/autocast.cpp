@@ -8,7 +8,7 @@ namespace ampforge::autograd {
 namespace {
 
 struct ThreadAutocast {
-  AutocastState state;
+  AutocastState state[kNumDeviceTypes];
   int depth = 0;
   // Weight-cast cache: (leaf impl, dtype) -> cast tensor. Holds the leaf alive for the region only.
   std::unordered_map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, Tensor>> cache[2];
@@ -32,8 +32,8 @@ Tensor cast_to(const Tensor& t, DType dtype) {
 
 }  // namespace
 
-AutocastState autocast_state() { return t_ac.state; }
-void set_autocast_state(const AutocastState& s) { t_ac.state = s; }
+AutocastState autocast_state(DeviceType device) { return t_ac.state[static_cast<int>(device)]; }
+void set_autocast_state(DeviceType device, const AutocastState& s) { t_ac.state[static_cast<int>(device)] = s; }
 
 void autocast_enter() { ++t_ac.depth; }
 void autocast_exit() {
@@ -46,16 +46,18 @@ void autocast_exit() {
 size_t autocast_cache_size() { return t_ac.cache[0].size() + t_ac.cache[1].size(); }
 
 void autocast_inputs(OpId op, std::vector<Tensor*> inputs) {
-  const AutocastState& s = t_ac.state;
-  if (!s.enabled) return;
-  const AmpCategory cat = op_amp_category(op);
-  if (cat == AmpCategory::None) return;
-  // Only when an input lives on the autocast device.
-  bool on_device = false;
+  // The op runs on its inputs' device (ops/ checks they agree); autocast for that device type decides.
+  const Tensor* first = nullptr;
   for (Tensor* t : inputs)
-    if (t->defined() && t->device().type == s.device) on_device = true;
-  if (!on_device) return;
-  switch (cat) {
+    if (t->defined()) {
+      first = t;
+      break;
+    }
+  if (first == nullptr) return;
+  const DeviceType device = first->device().type;
+  const AutocastState& s = t_ac.state[static_cast<int>(device)];
+  if (!s.enabled) return;
+  switch (op_amp_category(op, device)) {
     case AmpCategory::Lower:
       for (Tensor* t : inputs)
         if (t->defined() && t->is_floating_point() && t->dtype() != DType::F64) *t = cast_to(*t, s.dtype);
@@ -64,19 +66,6 @@ void autocast_inputs(OpId op, std::vector<Tensor*> inputs) {
       for (Tensor* t : inputs)
         if (t->defined() && dtype_is_16bit_float(t->dtype())) *t = cast_to(*t, DType::F32);
       break;
-    case AmpCategory::Promote: {
-      DType widest = DType::Bool;
-      bool any = false;
-      for (Tensor* t : inputs)
-        if (t->defined() && t->is_floating_point()) {
-          widest = any ? promote_types(widest, t->dtype()) : t->dtype();
-          any = true;
-        }
-      if (!any) return;
-      for (Tensor* t : inputs)
-        if (t->defined() && t->is_floating_point()) *t = cast_to(*t, widest);
-      break;
-    }
     case AmpCategory::None: break;
   }
 }

@@ -1,12 +1,13 @@
 // The backward engine: counts, for every node reachable from the roots, how many gradients it waits
 // for; runs nodes whose inputs are complete (the most recently created first); sums gradients that
-// meet at the same input; checks each gradient's shape and casts it to the input's dtype (so a
-// gradient that crossed an autocast cast arrives in the parameter's dtype).
+// meet at the same input (a leaf used k times has one AccumulateGrad, so its gradient is summed here and
+// accumulated once); runs tensor hooks on a node's incoming gradients before the node; checks each
+// gradient's shape and device and casts it to the input's dtype (so a gradient that crossed an autocast
+// cast arrives in the parameter's dtype).
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ampforge/autograd/hooks.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/ops/ops.h"
 
@@ -48,12 +49,6 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
       }
     }
   }
-  // Post-accumulate-grad hooks (autograd/hooks.h): how many of each hooked leaf's sinks this pass reaches.
-  std::unordered_map<const TensorImpl*, int> sinks_left;
-  if (!capture && has_post_accumulate_grad_hooks())
-    for (auto& [n, ptr] : keep)
-      if (auto* acc = dynamic_cast<AccumulateGrad*>(n); acc && has_post_accumulate_grad_hooks(acc->leaf.impl()))
-        ++sinks_left[acc->leaf.impl()];
   std::unordered_map<Node*, Grads> buffers;
   auto accumulate = [&](Node* n, uint32_t slot, const Tensor& g) {
     Grads& buf = buffers[n];
@@ -79,6 +74,7 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
     Grads in = std::move(buffers[n]);
     buffers.erase(n);
     in.resize(n->num_outputs);
+    n->run_pre_hooks(in, capture == nullptr);
     if (capture) {
       auto it = capture->at.find(n);
       if (it != capture->at.end()) {
@@ -91,11 +87,6 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
       if (dynamic_cast<AccumulateGrad*>(n)) continue;  // grad() never touches .grad of leaves
     }
     Grads out = n->apply(std::move(in));
-    if (!sinks_left.empty())
-      if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-        auto it = sinks_left.find(acc->leaf.impl());
-        if (it != sinks_left.end() && --it->second == 0) run_post_accumulate_grad_hooks(acc->leaf);
-      }
     if (!retain_graph) {
       n->release();
       n->released = true;
@@ -110,6 +101,10 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
         const InputMeta& m = n->input_meta[i];
         AF_ASSERT(g.shape() == m.shape, "{}: gradient for input {} has shape {}, expected {}", n->name(), i,
                   g.shape().str(), m.shape.str());
+        // A backward written by a user (autograd::record) can return its gradient anywhere; passing it on would
+        // fail later far from the cause, or not at all (autograd::grad hands it back as it is).
+        AF_CHECK(g.device() == m.device, "autograd: {} returned an invalid gradient at index {} - expected device {} "
+                 "but got {}", n->name(), i, m.device.str(), g.device().str());
         if (g.dtype() != m.dtype) g = ops::to_dtype(g, m.dtype);
       }
       accumulate(e.fn.get(), e.input_nr, g);
@@ -124,7 +119,7 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
 
 Edge root_edge(const Tensor& t) {
   if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
-  if (t.requires_grad()) return {std::make_shared<AccumulateGrad>(t), 0};
+  if (t.requires_grad()) return {grad_accumulator(t), 0};
   return {};
 }
 

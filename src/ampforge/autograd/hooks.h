@@ -1,42 +1,36 @@
-// Post-accumulate-grad hooks (PyTorch's Tensor.register_post_accumulate_grad_hook): a function the backward
-// engine calls right after the last gradient of the current backward pass has been added into a leaf's
-// .grad, while the rest of backward continues. Data parallel uses it to start a gradient bucket's all-reduce
-// as soon as the bucket's gradients are complete (train/data_parallel.h).
+// Scoped ownership of a tensor hook. Tensor registers hooks by id (core/tensor.h: register_hook,
+// register_post_accumulate_grad_hook, remove_hook; PyTorch's semantics, implemented in autograd/hooks.cpp and the
+// leaf's one AccumulateGrad node). A HookHandle removes its hook when destroyed, for code that attaches hooks for a
+// while: data parallel starts a gradient bucket's all-reduce from the post-accumulate hook of its last parameter,
+// as soon as the bucket's gradients are complete, while the rest of backward continues (train/data_parallel.h).
 //
-// "Last" counts the leaf's gradient sinks (AccumulateGrad nodes) that the backward pass reaches, so a leaf
-// used by several ops gets its hook once, after all of them. A leaf the pass does not reach gets no call.
-// grad() (gradients returned, not accumulated) calls no hook. Hooks run on the thread running backward, in
-// registration order; they must not start another backward.
+// A post-accumulate hook runs once per backward pass, after the leaf's whole gradient of that pass (the sum over
+// every use) is in .grad; not for leaves the pass does not reach, and not for autograd::grad (which accumulates
+// nothing). Hooks run on the thread running backward, in registration order; they must not start another backward.
 #pragma once
 
-#include <functional>
+#include <cstdint>
 #include <memory>
 
 #include "ampforge/core/tensor.h"
 
 namespace ampforge::autograd {
 
-using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
-
-// Removes its hook when destroyed.
 class HookHandle {
  public:
-  HookHandle(const TensorImpl* leaf, uint64_t id) : leaf_(leaf), id_(id) {}
-  ~HookHandle();
+  HookHandle(Tensor tensor, uint64_t id) : tensor_(std::move(tensor)), id_(id) {}
+  ~HookHandle() { tensor_.remove_hook(id_); }
   HookHandle(const HookHandle&) = delete;
   HookHandle& operator=(const HookHandle&) = delete;
+  uint64_t id() const { return id_; }
 
  private:
-  const TensorImpl* leaf_;
+  Tensor tensor_;
   uint64_t id_;
 };
 
-// `leaf` must be a leaf tensor that requires grad. The hook lives until the handle is destroyed.
-std::unique_ptr<HookHandle> register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
-
-// For the engine: whether any hook is registered (one atomic load), and running a leaf's hooks.
-bool has_post_accumulate_grad_hooks();
-bool has_post_accumulate_grad_hooks(const TensorImpl* leaf);
-void run_post_accumulate_grad_hooks(const Tensor& leaf);
+// `leaf` must be a leaf tensor that requires grad (InvalidArgument otherwise). The hook lives until the handle is
+// destroyed.
+std::unique_ptr<HookHandle> register_post_accumulate_grad_hook(const Tensor& leaf, Tensor::PostAccumulateHook hook);
 
 }  // namespace ampforge::autograd

@@ -1,6 +1,7 @@
 #include "ampforge/autograd/node.h"
 
 #include <atomic>
+#include <mutex>
 
 #include "ampforge/ops/ops.h"
 
@@ -27,7 +28,61 @@ Grads AccumulateGrad::apply(Grads&& grads) {
     ops::copy_(mine, g);
     leaf.set_grad(mine);
   }
+  const AutogradMeta* meta = leaf.impl()->autograd.get();
+  if (meta != nullptr && !meta->post_accumulate_hooks.empty()) {
+    // A copy: a hook may register or remove hooks.
+    const auto hooks = meta->post_accumulate_hooks;
+    for (const auto& [id, fn] : hooks) fn(leaf);
+  }
   return {};
+}
+
+namespace {
+// Runs one tensor hook on `g`; a defined result replaces it.
+void apply_hook(const Tensor::GradHook& fn, Tensor& g) {
+  Tensor r = fn(g);
+  if (!r.defined()) return;
+  AF_CHECK(r.shape() == g.shape(), "autograd: a tensor hook returned a gradient of shape {} for a tensor of shape {}; "
+           "a hook must return a gradient of the same shape (or nothing)", r.shape().str(), g.shape().str());
+  g = r;
+}
+}  // namespace
+
+void Node::run_pre_hooks(Grads& grads, bool retain) {
+  for (const OutputHook& h : output_hooks)
+    if (h.output_nr < grads.size() && grads[h.output_nr].defined()) apply_hook(h.fn, grads[h.output_nr]);
+  if (!retain) return;
+  for (const Retained& r : retained) {
+    if (r.output_nr >= grads.size() || !grads[r.output_nr].defined()) continue;
+    std::shared_ptr<TensorImpl> impl = r.tensor.lock();
+    if (!impl) continue;
+    Tensor t(impl);
+    // As PyTorch: the first gradient is kept as a copy, later backward passes add to it out of place, so a
+    // retained .grad never aliases a buffer the engine keeps using.
+    const Tensor& g = grads[r.output_nr];
+    Tensor cur = t.grad();
+    t.set_grad(cur.defined() ? ops::add(cur, g) : ops::clone(g));
+  }
+}
+
+void AccumulateGrad::run_pre_hooks(Grads& grads, bool) {
+  const AutogradMeta* meta = leaf.impl()->autograd.get();
+  if (meta == nullptr || meta->hooks.empty() || grads.empty() || !grads[0].defined()) return;
+  const auto hooks = meta->hooks;  // a copy: a hook may register or remove hooks
+  for (const auto& [id, fn] : hooks) apply_hook(fn, grads[0]);
+}
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  AF_ASSERT(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(), "grad_accumulator: not a leaf requiring grad");
+  // Graphs may be built on several threads at once (data loaders, data-parallel replicas): one lock makes
+  // "find or create" atomic, so two threads never make two accumulators for one parameter.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  AutogradMeta& meta = *leaf.impl()->autograd;
+  if (std::shared_ptr<Node> acc = meta.grad_accumulator.lock()) return acc;
+  auto acc = std::make_shared<AccumulateGrad>(leaf);
+  meta.grad_accumulator = acc;
+  return acc;
 }
 
 SavedTensor::SavedTensor(const Tensor& t) {
@@ -111,7 +166,7 @@ namespace {
 Edge edge_for(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
-  return {std::make_shared<AccumulateGrad>(t), 0};
+  return {grad_accumulator(t), 0};
 }
 }  // namespace
 

@@ -51,25 +51,50 @@ class Node {
   virtual std::string name() const = 0;
   // Frees saved tensors once backward has passed through (unless retain_graph).
   virtual void release() {}
+  // Runs the tensor hooks on the incoming gradients before apply() (engine.cpp): hooks registered on this
+  // node's outputs (non-leaf tensors), then the retain_grad() copies; AccumulateGrad runs its leaf's hooks.
+  // `retain`: false in autograd::grad(), which leaves every .grad alone.
+  virtual void run_pre_hooks(Grads& grads, bool retain);
 
   std::vector<Edge> next_edges;
   std::vector<InputMeta> input_meta;  // shape/dtype/device of each input, for checking gradients
   uint32_t num_outputs = 1;
   uint64_t sequence_nr;  // creation order: later nodes run first among the ready ones
   bool released = false;
+
+  // Hooks of the non-leaf tensors this node produced (Tensor::register_hook), by output number.
+  struct OutputHook {
+    uint64_t id;
+    uint32_t output_nr;
+    Tensor::GradHook fn;
+  };
+  std::vector<OutputHook> output_hooks;
+  // Outputs whose gradient is kept in their .grad (Tensor::retain_grad). Weak: the tensor owns this node
+  // through its grad_fn; a dead tensor needs no gradient.
+  struct Retained {
+    uint32_t output_nr;
+    std::weak_ptr<TensorImpl> tensor;
+  };
+  std::vector<Retained> retained;
 };
 
 // The gradient sink of a leaf: adds incoming gradients into leaf.grad (in place when it exists, so
 // gradients that are views into a flat buffer stay views).
+// A leaf has one AccumulateGrad however often it is used (grad_accumulator()): the engine sums the
+// uses' gradients before it runs, so its hooks see the total and .grad gets one addition per backward.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(Tensor leaf);
   Grads apply(Grads&& grads) override;
+  void run_pre_hooks(Grads& grads, bool retain) override;
   std::string name() const override { return "AccumulateGrad"; }
   Tensor leaf;
 };
 
 class FunctionNode;
+// The AccumulateGrad node of a leaf that requires grad: the existing one while any graph holds it, else
+// a new one (remembered weakly in the leaf's AutogradMeta).
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 
 class SavedTensor {
  public:

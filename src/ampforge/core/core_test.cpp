@@ -1,6 +1,7 @@
 // Unit tests of core: dtypes, half conversions, shapes, tensors, views, dispatch errors, Philox.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "ampforge/autograd/functions.h"
@@ -107,4 +108,90 @@ TEST(Autograd, MatmulGrad) {
   auto ga = a.grad().tolist<float>();
   for (int i = 0; i < 3; ++i)
     for (int k = 0; k < 4; ++k) EXPECT_NEAR(ga[i * 4 + k], gb[k], 1e-5);
+}
+
+// ---- type promotion (PyTorch's result_type: 0-dim operands count only from a higher category) ---------
+TEST(TypePromotion, ZeroDimOperandsFollowPyTorch) {
+  // Each row checked against torch.result_type in PyTorch 1.13.
+  struct Row {
+    DType a;
+    bool a_zero_dim;
+    DType b;
+    bool b_zero_dim;
+    DType want;
+  };
+  const Row rows[] = {
+      {DType::F16, false, DType::F32, true, DType::F16},    // activations * an F32 scalar tensor stay f16
+      {DType::BF16, false, DType::F16, true, DType::BF16},
+      {DType::I64, false, DType::F32, true, DType::F32},    // a higher category counts
+      {DType::I32, false, DType::F64, true, DType::F64},
+      {DType::I32, false, DType::I64, true, DType::I32},    // same category: the dimensioned one wins
+      {DType::U8, false, DType::I32, true, DType::U8},
+      {DType::Bool, false, DType::I64, true, DType::I64},
+      {DType::F32, false, DType::F64, true, DType::F32},
+      {DType::F32, true, DType::F16, true, DType::F32},     // both 0-dim: ordinary promotion
+      {DType::F16, false, DType::BF16, false, DType::F32},  // both dimensioned: ordinary promotion
+      {DType::F16, false, DType::F32, false, DType::F32},
+  };
+  for (const Row& r : rows) {
+    const Tensor a = ops::zeros(r.a_zero_dim ? Shape{} : Shape{3}, r.a);
+    const Tensor b = ops::zeros(r.b_zero_dim ? Shape{} : Shape{3}, r.b);
+    EXPECT_EQ(ops::result_type(a, b), r.want) << dtype_name(r.a) << " " << dtype_name(r.b);
+    EXPECT_EQ(ops::result_type(b, a), r.want) << dtype_name(r.b) << " " << dtype_name(r.a);
+    if (r.want != DType::Bool) EXPECT_EQ(add(a, b).dtype(), r.want) << dtype_name(r.a) << " + " << dtype_name(r.b);
+    EXPECT_EQ(ops::compare(OpId::lt, a, b).dtype(), DType::Bool);
+  }
+  // The F32 0-dim value is rounded to f16 once, as PyTorch's kernels read it in the common dtype.
+  const Tensor h = ops::to_dtype(Tensor::from_vector<float>({1, 2, 3}), DType::F16);
+  EXPECT_EQ(ops::to_dtype(mul(h, full({}, 0.5)), DType::F32).tolist<float>(), (std::vector<float>{0.5f, 1, 1.5f}));
+}
+
+TEST(TypePromotion, FractionalScalarsDoNotTruncateIntegerTensors) {
+  // torch.tensor([1, 3]) * 0.5 is float32 [0.5, 1.5]; a fractional scalar must not be truncated to 0.
+  const Tensor i = Tensor::from_vector<int64_t>({1, 3});
+  const Tensor h = mul(i, 0.5);
+  EXPECT_EQ(h.dtype(), DType::F32);
+  EXPECT_EQ(h.tolist<float>(), (std::vector<float>{0.5f, 1.5f}));
+  EXPECT_EQ(add(i, 0.25).tolist<float>(), (std::vector<float>{1.25f, 3.25f}));
+  // An integral value keeps integer arithmetic (torch's `t * 2`; a double cannot tell 2 from 2.0).
+  EXPECT_EQ(mul(i, 2.0).dtype(), DType::I64);
+  EXPECT_EQ(mul(i, 2.0).tolist<int64_t>(), (std::vector<int64_t>{2, 6}));
+  // Floating tensors keep their dtype whatever the scalar (a scalar never promotes within a category).
+  EXPECT_EQ(mul(ops::zeros({2}, DType::F16), 1e5).dtype(), DType::F16);
+}
+
+namespace {
+std::atomic<int> g_copies{0};
+void* count_copies(OpId op, const KernelArgs&) {
+  if (op == OpId::copy) g_copies.fetch_add(1);
+  return nullptr;
+}
+void no_end(void*) {}
+}  // namespace
+
+TEST(TypePromotion, MixedDtypeBinariesConvertInTheLoopNotByCopy) {
+  // f16/bf16 operands of an F32 result are read as they are: no full-size F32 copy (a `copy` kernel) first.
+  for (DType lowp : {DType::F16, DType::BF16}) {
+    const Tensor x = ops::to_dtype(randn({3, 70, 11}), lowp);         // odd sizes: tails and broadcasting
+    const Tensor y = randn({70, 1});
+    const Tensor xs = ops::to_dtype(randn({3, 70, 11}), lowp).transpose(0, 2);  // strided
+    const Tensor xs32 = ops::to_dtype(xs, DType::F32);
+    const DispatchObserver obs{count_copies, no_end};
+    g_copies = 0;
+    set_dispatch_observer(&obs);
+    const Tensor s = add(x, y), d = div(y, x), m = maximum(xs, xs32), c = lt(x, y);
+    set_dispatch_observer(nullptr);
+    EXPECT_EQ(g_copies.load(), 0) << dtype_name(lowp);
+    // Same values as converting first.
+    const Tensor xf = ops::to_dtype(x, DType::F32);
+    EXPECT_EQ(s.dtype(), DType::F32);
+    EXPECT_EQ(s.tolist<float>(), add(xf, y).tolist<float>());
+    EXPECT_EQ(d.tolist<float>(), div(y, xf).tolist<float>());
+    EXPECT_EQ(m.tolist<float>(), xs32.tolist<float>());
+    EXPECT_EQ(c.tolist<int64_t>(), lt(xf, y).tolist<int64_t>());
+    // In place into F32 from a 16-bit operand.
+    Tensor acc = ops::zeros({3, 70, 11});
+    ops::add_(acc, x);
+    EXPECT_EQ(acc.tolist<float>(), xf.tolist<float>());
+  }
 }

@@ -23,12 +23,24 @@ constexpr OpInfo kOpInfo[] = {
 static_assert(sizeof(kOpInfo) / sizeof(kOpInfo[0]) == kNumOps);
 
 std::array<std::array<KernelFn, kNumDeviceTypes>, kNumOps> g_table{};
+std::array<std::array<bool, kNumDeviceTypes>, kNumOps> g_mixed{};
 std::atomic<const DispatchObserver*> g_observer{nullptr};
 
 }  // namespace
 
 const char* op_name(OpId op) { return kOpInfo[static_cast<int>(op)].name; }
-AmpCategory op_amp_category(OpId op) { return kOpInfo[static_cast<int>(op)].amp; }
+AmpCategory op_amp_category(OpId op, DeviceType device) {
+  const AmpCategory cuda = kOpInfo[static_cast<int>(op)].amp;
+  if (device == DeviceType::CUDA || cuda != AmpCategory::F32) return cuda;
+  // PyTorch's CPU lists: the same lower-precision ops (convolutions, matrix products, attention), but of the
+  // ops CUDA runs in F32 only the losses; softmax, layer_norm, exp, log, pow, rsqrt and sum keep their input
+  // dtype on the CPU (its kernels accumulate 16-bit inputs in float anyway).
+  switch (op) {
+    case OpId::cross_entropy:
+    case OpId::bce_with_logits: return AmpCategory::F32;
+    default: return AmpCategory::None;
+  }
+}
 bool op_differentiable(OpId op) { return kOpInfo[static_cast<int>(op)].differentiable; }
 
 void register_kernel(OpId op, DeviceType device, KernelFn fn) {
@@ -40,6 +52,15 @@ void register_kernel(OpId op, DeviceType device, KernelFn fn) {
 bool has_kernel(OpId op, DeviceType device) {
   ensure_backends_registered();
   return g_table[static_cast<int>(op)][static_cast<int>(device)] != nullptr;
+}
+
+void declare_mixed_float_inputs(OpId op, DeviceType device) {
+  g_mixed[static_cast<int>(op)][static_cast<int>(device)] = true;
+}
+
+bool accepts_mixed_float_inputs(OpId op, DeviceType device) {
+  ensure_backends_registered();
+  return g_mixed[static_cast<int>(op)][static_cast<int>(device)];
 }
 
 void set_dispatch_observer(const DispatchObserver* observer) { g_observer.store(observer, std::memory_order_release); }

@@ -33,6 +33,12 @@ using KernelFn = void (*)(const KernelArgs&);
 void register_kernel(OpId op, DeviceType device, KernelFn fn);
 bool has_kernel(OpId op, DeviceType device);
 
+// Capability: the kernel of `op` on `device` computes an F32 result from F16/BF16 operands (or a mix with
+// F32 ones) read as they are, converting in its loop. ops/ then passes such operands unconverted instead
+// of making a full-size F32 copy first. Declared by the backend next to the registration.
+void declare_mixed_float_inputs(OpId op, DeviceType device);
+bool accepts_mixed_float_inputs(OpId op, DeviceType device);
+
 // Observer called around every dispatch (the profiler installs one). Null: no cost beyond one branch.
 struct DispatchObserver {
   void* (*on_begin)(OpId op, const KernelArgs& args) = nullptr;

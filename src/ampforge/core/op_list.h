@@ -1,14 +1,16 @@
 // The op list: one line per kernel-level op. Everything keyed by op (the OpId enum, names, the
 // dispatch table, the autocast policy, the parity harness's coverage check) is generated from it.
 //
-// Columns: name, autocast category, differentiable (has a backward formula in autograd/).
+// Columns: name, CUDA autocast category, differentiable (has a backward formula in autograd/).
 //   Lower    run in the autocast dtype (F16/BF16) under autocast — matmul, conv, ... (PyTorch's "lower_precision_fp")
 //   F32      run in F32 under autocast — softmax, losses, layer_norm, exp/log/pow, sum (PyTorch's "fp32")
-// The categories follow PyTorch's CUDA autocast lists (docs: "CUDA Ops that can autocast to float16 /
-// float32"): batch_norm, mean and var are in neither list, so they keep their input dtype (batch_norm
-// still accumulates its statistics in F32 and keeps F32 running statistics).
-//   Promote  inputs cast to the widest floating dtype among them (PyTorch's "promote")
-//   None     autocast leaves the inputs alone
+//   None     autocast leaves the inputs alone; binary ops then follow type promotion (ops/ result_type:
+//            f16 activations times an F32 0-dim tensor stay f16, as in PyTorch, where they are in no list)
+// The column is PyTorch's CUDA autocast lists (docs, "Autocast Op Reference": "CUDA Ops that can autocast
+// to float16 / float32"): batch_norm, mean and var are in neither list, so they keep their input dtype
+// (batch_norm still accumulates its statistics in F32 and keeps F32 running statistics). The CPU policy is
+// PyTorch's CPU lists, derived from this column in core/dispatch.cpp (op_amp_category). Both are checked
+// against a fixture written from PyTorch's documentation (amp/autocast_test.cpp).
 // Backward kernels are ops too (differentiable = false), so a backend can register them.
 // Composite functions (cat, stack, split, ...) have no entry: they are written with these ops in
 // autograd/functions/ and run on every backend that has the ops. scaled_dot_product_attention calls the
@@ -16,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "ampforge/core/device.h"
 
 #define AF_FOR_EACH_OP(X)                              \
   /* creation and copies */                            \
@@ -43,20 +47,20 @@
   X(pow_scalar, F32, true)                             \
   X(clamp, None, true)                                 \
   /* elementwise binary (broadcasting) */              \
-  X(add, Promote, true)                                \
-  X(sub, Promote, true)                                \
-  X(mul, Promote, true)                                \
-  X(div, Promote, true)                                \
+  X(add, None, true)                                \
+  X(sub, None, true)                                \
+  X(mul, None, true)                                \
+  X(div, None, true)                                \
   X(pow, F32, true)                                    \
-  X(maximum, Promote, true)                            \
-  X(minimum, Promote, true)                            \
-  X(eq, Promote, false)                                \
-  X(ne, Promote, false)                                \
-  X(lt, Promote, false)                                \
-  X(le, Promote, false)                                \
-  X(gt, Promote, false)                                \
-  X(ge, Promote, false)                                \
-  X(where, Promote, true)                              \
+  X(maximum, None, true)                            \
+  X(minimum, None, true)                            \
+  X(eq, None, false)                                \
+  X(ne, None, false)                                \
+  X(lt, None, false)                                \
+  X(le, None, false)                                \
+  X(gt, None, false)                                \
+  X(ge, None, false)                                \
+  X(where, None, true)                              \
   /* elementwise backward */                           \
   X(relu_backward, None, false)                        \
   X(gelu_backward, None, false)                        \
@@ -127,10 +131,11 @@ enum class OpId : uint16_t {
 inline constexpr int kNumOps = 0 AF_FOR_EACH_OP(AF_OP_COUNT_ONE);
 #undef AF_OP_COUNT_ONE
 
-enum class AmpCategory : uint8_t { None, Lower, F32, Promote };
+enum class AmpCategory : uint8_t { None, Lower, F32 };
 
 const char* op_name(OpId op);
-AmpCategory op_amp_category(OpId op);
+// The autocast category of `op` for tensors on `device` (PyTorch's lists for that device type).
+AmpCategory op_amp_category(OpId op, DeviceType device);
 bool op_differentiable(OpId op);
 
 }  // namespace ampforge

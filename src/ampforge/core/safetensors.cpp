@@ -60,13 +60,18 @@ class TmpFileGuard {
   bool released_ = false;
 };
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
+// Writes into the temporary file `tmp` of a save of `path`.
+void write_all(int fd, const void* data, size_t n, const std::string& tmp, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      AF_THROW(Io, "safetensors: writing '{}' failed: {}", path, errno_text());
+      const bool full = errno == ENOSPC || errno == EDQUOT;
+      AF_THROW(Io, "save_safetensors: writing '{}' failed: {}{}", tmp, errno_text(),
+               full ? fmt::format(" (the disk holding '{}' is full; '{}' is unchanged and the temporary file is "
+                                  "removed: free some space and save again)", path, path)
+                    : fmt::format(" ('{}' is unchanged)", path));
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -212,11 +217,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) AF_THROW(Io, "save_safetensors: cannot create '{}': {}", tmp, errno_text());
   guard.set_fd(fd);
-  write_all(fd, &hlen, 8, tmp);
-  write_all(fd, hdr.data(), hdr.size(), tmp);
+  write_all(fd, &hlen, 8, tmp, path);
+  write_all(fd, hdr.data(), hdr.size(), tmp, path);
   for (const auto& [name, t] : tensors) {
     const std::vector<char> bytes = contiguous_bytes(t);
-    write_all(fd, bytes.data(), bytes.size(), tmp);
+    write_all(fd, bytes.data(), bytes.size(), tmp, path);
   }
   if (::fsync(fd) != 0) AF_THROW(Io, "save_safetensors: fsync of '{}' failed: {}", tmp, errno_text());
   guard.close_fd();

@@ -12,6 +12,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampforge/core/device.h"
@@ -114,6 +115,23 @@ class Tensor {
   // Reverse-mode autodiff from this tensor. `grad` defaults to 1 for a one-element tensor.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
+  // ---- gradient hooks (autograd/hooks.cpp; PyTorch's Tensor.register_hook and friends) -------------
+  // `hook(grad)` runs each time backward computes this tensor's gradient, before the gradient is used
+  // (for a leaf: before it is accumulated into .grad; for a leaf used k times, once with the sum of the
+  // k contributions). A defined return value replaces the gradient; an undefined one keeps it. Hooks run
+  // in registration order. Requires requires_grad(). Returns a handle for remove_hook().
+  using GradHook = std::function<Tensor(const Tensor&)>;
+  uint64_t register_hook(GradHook hook) const;
+  // Leaf tensors only: `hook(leaf)` runs after a backward pass has accumulated a gradient into leaf.grad()
+  // (where data-parallel training starts reducing a finished gradient).
+  using PostAccumulateHook = std::function<void(const Tensor&)>;
+  uint64_t register_post_accumulate_grad_hook(PostAccumulateHook hook) const;
+  // Removes a hook registered on this tensor; false when the handle is unknown (already removed).
+  bool remove_hook(uint64_t handle) const;
+  // A non-leaf tensor keeps its gradient in grad() after backward (leaves always do: no-op there).
+  void retain_grad() const;
+  bool retains_grad() const;
+
   // ---- differentiable methods (autograd/tensor_methods.cpp) ---------------------------------------
   Tensor reshape(const Shape& shape) const;  // a view when strides allow, else a copy
   Tensor view(const Shape& shape) const;     // always a view; errors when strides do not allow
@@ -152,6 +170,12 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<autograd::Node> grad_fn;
   uint32_t output_nr = 0;
+  // Leaves: the one AccumulateGrad node of this tensor, shared by every use in the graph (weak: the graph
+  // owns it, and it owns the tensor), and the hooks it runs. A non-leaf's hooks live on its grad_fn.
+  std::weak_ptr<autograd::Node> grad_accumulator;
+  std::vector<std::pair<uint64_t, Tensor::GradHook>> hooks;
+  std::vector<std::pair<uint64_t, Tensor::PostAccumulateHook>> post_accumulate_hooks;
+  bool retains_grad = false;
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

@@ -78,6 +78,11 @@ TEST(Idx, ErrorsNameTheFileAndTheProblem) {
   write(tmpdir() / "float.idx", floats, false);
   expect_error(tmpdir() / "float.idx", "0x0d");
   expect_error(tmpdir() / "missing.idx", "does not exist");
+  // A header claiming 4 GiB with no data behind it: an error after reading what is there (found by fuzzing:
+  // the whole claimed size used to be allocated first, so a 16-byte file asked for 4 GiB).
+  std::vector<uint8_t> liar = {0, 0, 8, 2, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0xff, 0xf0, 1, 2, 3};
+  write(tmpdir() / "liar.idx", liar, false);
+  expect_error(tmpdir() / "liar.idx", "truncated");
 }
 
 TEST(DataLoader, SameDataForAnyWorkerCountAndSeededShuffle) {

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -46,8 +47,16 @@ IdxArray read_idx_u8(const std::string& path) {
     total *= s;
     if (total > (uint64_t{1} << 34)) AF_THROW(Io, "IDX file '{}' declares an absurd size (over 16 GiB)", path);
   }
-  a.data.resize(total);
-  read_exact(a.data.data(), total, "the data");
+  // The sizes are only the file's claim: read in pieces, so a truncated or lying file fails after reading what
+  // it holds instead of first allocating up to 16 GiB (gzip gives no size to check against up front).
+  constexpr uint64_t kPiece = uint64_t{16} << 20;
+  a.data.reserve(static_cast<size_t>(std::min(total, kPiece)));
+  while (a.data.size() < total) {
+    const size_t at = a.data.size();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, total - at));
+    a.data.resize(at + n);
+    read_exact(a.data.data() + at, n, "the data");
+  }
   unsigned char extra;
   if (gzread(f, &extra, 1) > 0)
     AF_THROW(Io, "IDX file '{}' has trailing bytes after the {} declared elements", path, total);

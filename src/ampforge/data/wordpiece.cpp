@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::data {
 
@@ -127,6 +128,11 @@ void append_folded(std::u32string& out, char32_t c) {
 Vocab::Vocab(std::vector<std::string> tokens) : tokens_(std::move(tokens)) {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     AF_CHECK(!tokens_[i].empty(), "vocabulary: token {} is empty", i);
+    // What save() writes must load back as the same tokens: one per line, so no line breaks, no whitespace
+    // (the loader refuses it) and no NUL or carriage return (a line's trailing '\r' is dropped on load).
+    AF_CHECK(tokens_[i].find_first_of(std::string(" \t\n\r\v\f\0", 7)) == std::string::npos,
+             "vocabulary: token {} contains whitespace or a control character (\\0 \\r \\n \\t \\v \\f or a "
+             "space), which a vocab.txt line cannot hold", i);
     const auto [it, fresh] = ids_.emplace(tokens_[i], static_cast<int64_t>(i));
     AF_CHECK(fresh, "vocabulary: token '{}' appears twice (ids {} and {})", tokens_[i], it->second, i);
   }
@@ -142,8 +148,9 @@ Vocab Vocab::load(const std::string& path) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     AF_CHECK(!line.empty(), "vocabulary file '{}', line {}: empty line (a vocab.txt has one token per line)", path, n);
-    AF_CHECK(line.find_first_of(" \t") == std::string::npos, "vocabulary file '{}', line {}: token '{}' contains "
-             "whitespace (a vocab.txt has one token per line)", path, n, line);
+    AF_CHECK(line.find_first_of(std::string(" \t\r\v\f\0", 6)) == std::string::npos, "vocabulary file '{}', line {}: "
+             "token '{}' contains whitespace or a control character (a vocab.txt has one token per line)", path, n,
+             line);
     bool ok = true;
     decode_utf8(line, &ok);
     AF_CHECK(ok, "vocabulary file '{}', line {}: invalid UTF-8", path, n);
@@ -158,10 +165,9 @@ Vocab Vocab::load(const std::string& path) {
 }
 
 void Vocab::save(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) AF_THROW(Io, "cannot write the vocabulary file '{}'", path);
-  for (const auto& t : tokens_) out << t << '\n';
-  if (!out) AF_THROW(Io, "writing the vocabulary file '{}' failed", path);
+  std::string text;
+  for (const auto& t : tokens_) text += t + '\n';
+  write_file_atomically(path, text, "vocabulary file");
 }
 
 int64_t Vocab::id(const std::string& token) const {

@@ -97,6 +97,11 @@ TEST(WordPiece, BadVocabulariesGetClearErrors) {
   EXPECT_NE(m.find("'foo' appears twice"), std::string::npos) << m;
   m = error_of([] { Vocab::load(temp_file("space.txt", "[PAD]\nfoo bar\n")); });
   EXPECT_NE(m.find("line 2"), std::string::npos) << m;
+  // A token that save() could not write back (found by fuzzing: "foo\r" loaded, saved, and came back as "foo").
+  m = error_of([] { Vocab::load(temp_file("cr.txt", "[PAD]\nfoo\r\r\n")); });
+  EXPECT_NE(m.find("line 2"), std::string::npos) << m;
+  m = error_of([] { Vocab({"[PAD]", std::string("a\0b", 3)}); });
+  EXPECT_NE(m.find("control character"), std::string::npos) << m;
   m = error_of([] { Vocab::load(temp_file("utf8.txt", "[PAD]\n\xff\xfe\n")); });
   EXPECT_NE(m.find("invalid UTF-8"), std::string::npos) << m;
   m = error_of([] { WordPieceTokenizer::from_file(temp_file("nospecial.txt", "[PAD]\n[UNK]\nfoo\n")); });

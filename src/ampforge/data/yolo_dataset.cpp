@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,9 @@ namespace ampforge::data {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The most classes a data file may declare (Open Images has 601, LVIS 1,203).
+constexpr long kMaxClasses = 100000;
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
@@ -117,8 +121,11 @@ DetectionDataSpec read_detection_data_file(const std::string& path) {
       val = strip_quotes(value);
     } else if (key == "nc") {
       char* end = nullptr;
+      errno = 0;
       nc = std::strtol(value.c_str(), &end, 10);
-      AF_CHECK(end && *end == '\0' && nc > 0, "{}:{}: nc must be a positive integer, got '{}'", path, no, value);
+      // Bounded: nc without names makes that many class names (a typo of 10^18 must not exhaust memory).
+      AF_CHECK(end && *end == '\0' && errno == 0 && nc > 0 && nc <= kMaxClasses, "{}:{}: nc must be an integer in "
+               "[1, {}], got '{}'", path, no, kMaxClasses, value);
     } else if (key == "names") {
       if (value.empty()) {
         in_names_block = true;

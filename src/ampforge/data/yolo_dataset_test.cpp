@@ -73,6 +73,10 @@ TEST(YoloData, DataFileBadImagesAndEmptySplits) {
   const DetectionDataSpec spec = read_detection_data_file((d / "data.yaml").string());
   EXPECT_EQ(spec.names, (std::vector<std::string>{"cat", "dog"}));
   EXPECT_EQ(spec.train, (d / "images/train").string());
+  // nc is bounded (found by fuzzing: nc: 1111...1 saturated strtol and made 2^63 class names).
+  write(d / "huge.yaml", "train: a\nval: b\nnc: 11111111111111111111111111\n");
+  EXPECT_NE(error_of([&] { read_detection_data_file((d / "huge.yaml").string()); }).find("nc must be an integer in [1, 100000]"),
+            std::string::npos);
   write(d / "bad.yaml", "train: a\nval b\n");
   EXPECT_NE(error_of([&] { read_detection_data_file((d / "bad.yaml").string()); }).find("bad.yaml:2"), std::string::npos);
   // an empty split

@@ -641,7 +641,15 @@ class Tracer {
     auto out = [&](std::string name) { return first_bm(ins, a, std::move(name)); };
     const DType dt = a.out(0).dtype();
     auto unary = [&](const char* type) { return out(emit(type, {in(0)}, {})); };
-    auto bin_in = [&](size_t i) { return ins[i] ? ins[i]->name : constant_for_broadcast(a.in(i)); };
+    // CPU kernels of binary ops read 16-bit operands of an F32 op as they are (ops/ result_type); ONNX wants
+    // both operands in the computation's type, so the narrower one gets a Cast.
+    auto bin_in = [&](size_t i) {
+      std::string name = ins[i] ? ins[i]->name : constant_for_broadcast(a.in(i));
+      if (a.inputs.size() != 2) return name;  // where: the condition is Bool, the values share a type
+      const DType common = a.out(0).dtype() == DType::Bool ? promote_types(a.in(0).dtype(), a.in(1).dtype()) : dt;
+      if (a.in(i).dtype() != common) name = emit("Cast", {name}, {{"to", int64_t(onnx_type(common))}});
+      return name;
+    };
     auto binary = [&](const char* type) { return out(emit(type, {bin_in(0), bin_in(1)}, {})); };
     switch (op) {
       case OpId::neg: return unary("Neg");

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 #include "ampforge/util/log.h"
 
 namespace ampforge::memory {
@@ -154,7 +156,8 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   if (b == nullptr) b = try_allocate(size, stream);
   if (b == nullptr) {
     ++stats_.num_retries;
-    process_events(true);
+    wait_unlocked(lock, /*pending=*/true);
+    process_events(false);  // events recorded before the waits have completed
     release_cached();
     b = try_allocate(size, stream);
   }
@@ -167,6 +170,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   b->allocated = true;
   b->requested = nbytes;
   b->id = next_id_++;
+  ++mutations_;
   live_.insert(b->addr, b);
   ++stats_.num_allocs;
   stats_.requested.add(static_cast<int64_t>(nbytes));
@@ -419,6 +423,7 @@ void CachingAllocator::free(void* ptr) noexcept {
   }
   Block* b = *found;
   live_.erase(b->addr);
+  ++mutations_;
   ++stats_.num_frees;
   stats_.requested.sub(static_cast<int64_t>(b->requested));
   stats_.allocated.sub(static_cast<int64_t>(b->size));
@@ -470,6 +475,32 @@ void CachingAllocator::release_held(size_t index) {
 
 void CachingAllocator::flush_held() {
   while (!held_.empty()) release_held(held_.size() - 1);
+}
+
+void CachingAllocator::wait_unlocked(std::unique_lock<std::mutex>& lock, bool pending) {
+  if (events_ == &host_events_) return;  // host work is synchronous
+  std::vector<StreamId> streams;
+  auto add = [&](StreamId s) {
+    if (std::find(streams.begin(), streams.end(), s) == streams.end() && !events_->is_capturing(s)) streams.push_back(s);
+  };
+  if (pending)
+    for (const Pending& p : pending_)
+      for (StreamId s : p.block->uses) add(s);
+  for (const IdleRef& r : idle_) add(r.segment->stream);
+  for (const Block* b : held_)
+    if (b->segment->expandable) add(b->segment->stream);
+  if (streams.empty()) return;
+  const uint64_t before = mutations_;
+  stats_.host_waits += static_cast<int64_t>(streams.size());
+  lock.unlock();
+  // Streams, not the pending blocks' events: another thread may complete and release those events while
+  // this one waits, and a stream outlives every wait. (If a wait throws, the lock stays released and the
+  // exception leaves allocate_on / empty_cache, whose unique_lock then has nothing to unlock.)
+  for (StreamId s : streams) events_->synchronize_stream(s);
+  lock.lock();
+  if (mutations_ == before)
+    for (StreamId s : streams)
+      if (std::find(synced_.begin(), synced_.end(), s) == synced_.end()) synced_.push_back(s);
 }
 
 void CachingAllocator::retire_used_block(Block* b) {
@@ -667,32 +698,57 @@ void CachingAllocator::release_cached() {
 }
 
 void CachingAllocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   begin_call();
   if (!deferred_.empty()) process_deferred();
   process_events(false);
+  wait_unlocked(lock, /*pending=*/false);
   release_cached();
 }
 
 // ---- figures ----------------------------------------------------------------------------------------
+// Counted as if the held blocks had been given back (flush_held), without giving them back: free runs are
+// maximal runs of free and held blocks (what coalescing would make), and a granule that only held blocks
+// touch counts as idle.
 int64_t CachingAllocator::largest_free_block_locked() const {
+  // Granule -> references held blocks keep on it. A map: a held block of a TiB spans half a million granules.
+  std::unordered_map<const Granule*, uint32_t> held_refs;
+  for (const Block* b : held_) {
+    if (!b->segment->expandable) continue;
+    const auto [first, last] = granules_of(*b->segment, b->addr, b->size);
+    for (size_t i = first; i <= last; ++i) ++held_refs[&b->segment->granules[i]];
+  }
+  auto live = [&](const Segment& s, size_t i) {
+    const Granule* g = &s.granules[i];
+    const auto it = held_refs.find(g);
+    return it == held_refs.end() ? g->live : g->live - it->second;
+  };
+  size_t idle = idle_.size();
+  for (const auto& [g, n] : held_refs) idle += g->live == n;
+  const size_t idle_bytes = idle * granule_;
   size_t best = 0;
-  const size_t idle_bytes = idle_.size() * granule_;
-  for (const FreeSet* set : {&small_free_, &large_free_}) {
-    for (const Block* b : *set) {
-      const Segment& s = *b->segment;
+  for (const auto& seg : segments_) {
+    const Segment& s = *seg;
+    for (const Block* b = s.first; b != nullptr;) {
+      if (b->allocated || b->pending) {
+        b = b->next;
+        continue;
+      }
+      const uintptr_t start = b->addr;
+      uintptr_t end = b->addr + b->size;
+      for (b = b->next; b != nullptr && !b->allocated && !b->pending; b = b->next) end = b->addr + b->size;
+      const size_t size = end - start;
       if (!s.expandable) {
-        best = std::max(best, b->size);
+        best = std::max(best, size);
         continue;
       }
       // What this free range can hold without new physical memory: its bytes inside granules that live
       // neighbours keep mapped (at most the two edge granules), plus as many idle granules as fit.
-      const auto [first, last] = granules_of(s, b->addr, b->size);
-      const uintptr_t end = b->addr + b->size;
+      const auto [first, last] = granules_of(s, start, size);
       size_t edge = 0;
-      if (s.granules[first].live > 0) edge += std::min(end, granule_addr(s, first + 1)) - b->addr;
-      if (last != first && s.granules[last].live > 0) edge += end - granule_addr(s, last);
-      best = std::max(best, edge + std::min(b->size - edge, idle_bytes));
+      if (live(s, first) > 0) edge += std::min(end, granule_addr(s, first + 1)) - start;
+      if (last != first && live(s, last) > 0) edge += end - granule_addr(s, last);
+      best = std::max(best, edge + std::min(size - edge, idle_bytes));
     }
   }
   return static_cast<int64_t>(best);
@@ -707,7 +763,6 @@ double CachingAllocator::fragmentation_locked() const {
 
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_held_for_reading();
   AllocatorStats s = stats_;
   s.largest_free_block = largest_free_block_locked();
   s.fragmentation = fragmentation_locked();
@@ -731,6 +786,11 @@ void CachingAllocator::step() {
   step_peak_allocated_ = stats_.allocated.current;
   step_peak_reserved_ = stats_.reserved.current;
   if (trace_ != nullptr) std::fputs("s\n", trace_);
+}
+
+std::vector<TimelinePoint> CachingAllocator::timeline() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeline_;
 }
 
 void CachingAllocator::trace_start(const std::string& path) {
@@ -770,7 +830,6 @@ void CachingAllocator::trace_alloc(const Block* b) {
 // ---- snapshot ---------------------------------------------------------------------------------------
 nlohmann::json CachingAllocator::snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_held_for_reading();
   AllocatorStats st = stats_;
   st.largest_free_block = largest_free_block_locked();
   st.fragmentation = fragmentation_locked();
@@ -783,14 +842,23 @@ nlohmann::json CachingAllocator::snapshot() const {
     // An expandable range is mostly untouched address space: describe it up to the end of its last
     // mapped granule or used block.
     size_t extent = s->expandable ? 0 : s->size;
-    for (const Block* b = s->first; b != nullptr; b = b->next) {
-      const char* state = b->allocated ? "allocated" : b->pending ? "pending" : "free";
-      if (b->allocated || b->pending) extent = std::max(extent, b->addr + b->size - s->base);
+    // Held blocks are free memory: listed merged with their free neighbours, as coalescing would leave them.
+    for (const Block* b = s->first; b != nullptr;) {
+      if (!b->allocated && !b->pending) {
+        const uintptr_t start = b->addr;
+        uintptr_t end = b->addr + b->size;
+        for (b = b->next; b != nullptr && !b->allocated && !b->pending; b = b->next) end = b->addr + b->size;
+        blocks.push_back({{"offset", start - s->base}, {"size", end - start}, {"requested", 0}, {"state", "free"},
+                          {"id", 0}});
+        continue;
+      }
+      extent = std::max(extent, b->addr + b->size - s->base);
       blocks.push_back({{"offset", b->addr - s->base},
                         {"size", b->size},
-                        {"requested", b->allocated || b->pending ? b->requested : 0},
-                        {"state", state},
-                        {"id", b->allocated || b->pending ? b->id : 0}});
+                        {"requested", b->requested},
+                        {"state", b->allocated ? "allocated" : "pending"},
+                        {"id", b->id}});
+      b = b->next;
     }
     nlohmann::json mapped = nlohmann::json::array();
     if (s->expandable) {
@@ -836,11 +904,7 @@ nlohmann::json CachingAllocator::snapshot() const {
 }
 
 void CachingAllocator::write_snapshot(const std::string& path) const {
-  const std::string text = snapshot().dump(1) + "\n";
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) AF_THROW(Io, "cannot write the memory snapshot '{}': {}", path, std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) AF_THROW(Io, "writing the memory snapshot '{}' failed (disk full?)", path);
+  write_file_atomically(path, snapshot().dump(1) + "\n", "memory snapshot");
 }
 
 // ---- OOM report -------------------------------------------------------------------------------------
@@ -850,7 +914,6 @@ std::string CachingAllocator::oom_report(size_t nbytes, StreamId stream) const {
 }
 
 std::string CachingAllocator::oom_report_locked(size_t nbytes, StreamId stream) const {
-  flush_held_for_reading();
   const auto b = [](int64_t n) { return format_bytes(n); };
   const int64_t req = static_cast<int64_t>(std::min(nbytes, kMaxRequest));
   const int64_t rounded = nbytes > kMaxRequest ? req : static_cast<int64_t>(round(nbytes));

@@ -32,6 +32,10 @@
 // does not wait for kernels that may still touch the address.
 //
 // Thread safety: every public member takes one mutex; the cache-hit path is a few set/map operations.
+// Waits for device work on the slow paths (a retry after the provider ran dry, empty_cache) happen with the
+// mutex released (wait_unlocked), so other threads keep allocating and freeing meanwhile. Readers (stats,
+// snapshot, the OOM report, timeline) change nothing: figures are computed as if the held blocks were
+// given back, without giving them back.
 #pragma once
 
 #include <cstdint>
@@ -142,7 +146,8 @@ class CachingAllocator final : public Allocator {
 
   // A step boundary: appends a timeline point and, when tracing, an `s` line.
   void step();
-  const std::vector<TimelinePoint>& timeline() const { return timeline_; }
+  // A copy, taken under the lock (another thread may be calling step()).
+  std::vector<TimelinePoint> timeline() const;
   // Records every allocation and free to `path` in the memtrace v1 format until trace_stop().
   // Allocations live at the start are not in the trace (their frees are omitted too).
   void trace_start(const std::string& path);
@@ -241,9 +246,11 @@ class CachingAllocator final : public Allocator {
   size_t unmapped_granules(const Block* b, size_t size, size_t stop = SIZE_MAX) const;
   void release_held(size_t index);
   void flush_held();
-  // Figures and reports want coalesced free memory; flushing changes only how free memory is organised,
-  // not what is free or reserved, so const readers may do it.
-  void flush_held_for_reading() const { const_cast<CachingAllocator*>(this)->flush_held(); }
+  // Waits, with `lock` released, for the streams whose work keeps memory from being reused: those of the
+  // idle granules and held blocks release_cached() would unmap, and with `pending` those of the blocks
+  // waiting for other streams. The streams count as synchronised for this call (synced_) unless another
+  // thread changed the allocator meanwhile; release_cached() then waits for those itself.
+  void wait_unlocked(std::unique_lock<std::mutex>& lock, bool pending);
   uintptr_t granule_addr(const Segment& s, size_t index) const { return s.base + index * granule_; }
   bool acquire_granule(Segment& s, size_t index, StreamId stream);
   void process_events(bool wait);
@@ -277,6 +284,7 @@ class CachingAllocator final : public Allocator {
   std::vector<Block*> deferred_;  // freed, used by a stream that was being captured: no event recorded yet
   std::vector<StreamId> synced_;  // streams waited for during the current call (quiesce)
   std::vector<Block*> held_;  // oldest first; at most config_.hold_recent
+  uint64_t mutations_ = 0;    // allocations and frees so far (wait_unlocked: did anything change meanwhile?)
   AllocatorStats stats_;
   uint64_t next_id_ = 1;
   // timeline

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <map>
 #include <set>
 #include <sstream>
@@ -35,8 +38,13 @@ class FakeGpu final : public Provider, public StreamEvents {
   const char* name() const override { return "fake-gpu"; }
   Device device() const override { return kCPU; }
   size_t granularity() const override { return kHostGranule; }
-  void* allocate(size_t bytes) override { return sim_.allocate(bytes); }
-  void deallocate(void* p, size_t) noexcept override {
+  void* allocate(size_t bytes) override {
+    if (used + bytes > budget) return nullptr;
+    used += bytes;
+    return sim_.allocate(bytes);
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    used -= bytes;
     if (busy(p, 1)) violations.push_back("segment freed while queued work uses it");
   }
   bool supports_virtual() const override { return true; }
@@ -79,12 +87,14 @@ class FakeGpu final : public Provider, public StreamEvents {
     return !pending_before(tokens[t]);
   }
   void synchronize(uint64_t t) override {
+    if (on_wait) on_wait();
     if (tokens[t].captured) AF_THROW(Internal, "cuEventSynchronize: the event was recorded during a stream capture");
     auto& items = work[tokens[t].stream];
     std::erase_if(items, [&](const Item& w) { return w.seq <= tokens[t].seq; });
   }
   void release(uint64_t) noexcept override { ++released; }
   void synchronize_stream(StreamId s) override {
+    if (on_wait) on_wait();
     ++stream_syncs;
     if (capturing.count(s)) violations.push_back("synchronised a stream that is being captured");
     if (fail_stream_syncs > 0) {
@@ -118,6 +128,8 @@ class FakeGpu final : public Provider, public StreamEvents {
   std::set<StreamId> capturing;
   std::vector<std::string> violations;
   uint64_t seq = 0;
+  size_t budget = SIZE_MAX, used = 0;  // plain segments: allocate() returns nullptr beyond the budget
+  std::function<void()> on_wait;       // called at the start of every blocking wait
   int fail_records = 0;  // the n-th record from now throws
   int fail_stream_syncs = 0;
   int stream_syncs = 0, released = 0, unmaps = 0, created = 0, records_into_capture = 0;
@@ -283,6 +295,34 @@ TEST(CachingAllocatorStreams, GranulesOfACapturedStreamStayMapped) {
   EXPECT_EQ(gpu.unmaps, 2);
   EXPECT_TRUE(gpu.violations.empty()) << describe(gpu.violations);
   a.free(q);
+}
+
+TEST(CachingAllocatorStreams, NoWaitForDeviceWorkWhileHoldingTheLock) {
+  // A wait for the GPU can take as long as the queued work: with the allocator's lock held, every other
+  // thread's allocation and free (the data loader's uploads among them) would stall behind it. Each wait
+  // asks another thread to read the allocator's figures; that read must get the lock at once.
+  FakeGpu gpu;
+  gpu.budget = 24 * MiB;
+  CachingAllocator a(gpu, PolicyConfig::pytorch(), &gpu);
+  std::vector<std::future<void>> probes;  // joined after the allocation: a blocked probe must not deadlock us
+  int blocked = 0;
+  gpu.on_wait = [&] {
+    probes.push_back(std::async(std::launch::async, [&a] { (void)a.stats(); }));
+    if (probes.back().wait_for(std::chrono::seconds(2)) == std::future_status::timeout) ++blocked;
+  };
+  void* p = a.allocate_on(3 * MiB, 0);  // a 20 MiB segment
+  a.record_stream(p, 5);
+  gpu.launch(5, p, 3 * MiB);
+  a.free(p);  // pending until stream 5 is done
+  void* q = a.allocate_on(18 * MiB, 0);  // no room: the retry waits for stream 5, frees the segment, fits
+  for (auto& f : probes) f.get();
+  EXPECT_NE(q, nullptr);
+  EXPECT_GE(gpu.stream_syncs, 1);
+  EXPECT_FALSE(probes.empty()) << "the retry did not wait at all";
+  EXPECT_EQ(blocked, 0) << "the allocator waited for the device with its lock held";
+  EXPECT_TRUE(gpu.violations.empty()) << describe(gpu.violations);
+  a.free(q);
+  gpu.on_wait = nullptr;
 }
 
 // memory::trace_start/step/trace_stop/allocator_stats(Device) reach a device's caching allocator through the

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -207,7 +208,7 @@ TEST(CachingAllocator, RecentFreesAreReusedExactlyAndCoalescedBeforeTheProvider)
   CachingAllocator a(card, PolicyConfig::ampforge());
   std::vector<void*> ps;
   for (int i = 0; i < 8; ++i) ps.push_back(a.allocate_on(4 * MiB, 0));
-  const int64_t calls = a.stats().provider_calls;  // (reading figures coalesces held blocks: read first)
+  const int64_t calls = a.stats().provider_calls;
   for (void* p : ps) a.free(p);                     // held: not coalesced yet
   // The same size again: the most recently freed block, a cache hit without any provider call.
   void* q = a.allocate_on(4 * MiB, 0);
@@ -429,6 +430,49 @@ TEST(CachingAllocator, SnapshotAndReport) {
   a.free(q);
 }
 
+TEST(CachingAllocator, SnapshotReadRejectsWhatTheRenderersCannotDraw) {
+  // snapshot_read checks every field the summary and the charts read, so a hand-edited or corrupt file is an
+  // InvalidArgument naming the field, never a JSON library exception from a renderer or an overflow.
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(4 * KiB, 0);
+  a.step();
+  const nlohmann::json good = a.snapshot();
+  a.free(p);
+  const std::string path = testing::TempDir() + "/ampforge_bad_snapshot.json";
+  auto expect_rejected = [&](const nlohmann::json& j, const std::string& field) {
+    { std::ofstream(path) << j.dump(); }
+    try {
+      (void)snapshot_summary(snapshot_read(path));
+      ADD_FAILURE() << "accepted a snapshot with a bad " << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json j = good;
+  j["stats"]["num_allocs"] = "many";
+  expect_rejected(j, "stats.num_allocs");
+  j = good;
+  j["stats"].erase("fragmentation");
+  expect_rejected(j, "stats.fragmentation");
+  j = good;
+  j["segments"][0]["blocks"][0]["size"] = -5;
+  expect_rejected(j, "segments[0].blocks[0].size");
+  j = good;
+  j["segments"][0]["extent"] = int64_t{1} << 62;  // the chart's arithmetic would overflow
+  expect_rejected(j, "segments[0].extent");
+  j = good;
+  j["timeline"][0]["peak_reserved"] = nullptr;
+  expect_rejected(j, "timeline[0].peak_reserved");
+  j = good;
+  j["policy"] = 3;
+  expect_rejected(j, "policy");
+  { std::ofstream(path) << good.dump(); }
+  EXPECT_NE(snapshot_summary(snapshot_read(path)).find("timeline: 1 steps"), std::string::npos);
+  std::remove(path.c_str());
+}
+
 TEST(CachingAllocator, InstallsAsTheCpuAllocator) {
   Allocator* before = get_allocator(DeviceType::CPU);
   CachingAllocator& a = install_host_caching_allocator({.budget = size_t{1} << 30});
@@ -453,4 +497,60 @@ TEST(CachingAllocator, InstallsAsTheCpuAllocator) {
 }
 
 }  // namespace
+}  // namespace ampforge::memory
+
+namespace ampforge::memory {
+namespace {
+
+// One allocation sequence; `observe` runs between the frees and the next allocation.
+std::vector<uintptr_t> offsets_after_frees(const std::function<void(CachingAllocator&)>& observe) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(1 * KiB, 0);
+  void* q = a.allocate_on(1 * KiB, 0);
+  a.free(p);
+  a.free(q);  // both held: kept for an exact-size reuse, not coalesced
+  observe(a);
+  void* r = a.allocate_on(2 * KiB, 0);
+  void* t = a.allocate_on(1 * KiB, 0);
+  std::vector<uintptr_t> out{addr(r) - addr(p), addr(t) - addr(p)};
+  a.free(r);
+  a.free(t);
+  return out;
+}
+
+}  // namespace
+
+TEST(CachingAllocator, ReadingFiguresChangesNothing) {
+  const auto control = offsets_after_frees([](CachingAllocator&) {});
+  const auto observed = offsets_after_frees([](CachingAllocator& a) {
+    const AllocatorStats before = a.stats();
+    const nlohmann::json snap = a.snapshot();
+    (void)a.oom_report(64 * MiB, 0);
+    (void)a.timeline();
+    EXPECT_EQ(a.stats().largest_free_block, before.largest_free_block);
+    EXPECT_EQ(a.snapshot(), snap);
+    // The figures already count the held blocks as coalesced free memory.
+    EXPECT_EQ(before.active.current, 0);
+    EXPECT_EQ(before.largest_free_block, before.reserved.current);
+    int free_runs = 0;
+    for (const auto& b : snap["segments"][0]["blocks"]) free_runs += b["state"] == "free";
+    EXPECT_EQ(free_runs, 1) << snap.dump();
+  });
+  EXPECT_EQ(observed, control) << "stats()/snapshot()/oom_report() changed where the next allocations went";
+}
+
+TEST(CachingAllocator, TimelineIsACopy) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* p = a.allocate_on(4 * KiB, 0);
+  a.step();
+  const std::vector<TimelinePoint> t = a.timeline();
+  a.step();
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].allocated, static_cast<int64_t>(4 * KiB));
+  EXPECT_EQ(a.timeline().size(), 2u);
+  a.free(p);
+}
+
 }  // namespace ampforge::memory

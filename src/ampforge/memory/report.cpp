@@ -1,6 +1,7 @@
 #include "ampforge/memory/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -33,6 +34,79 @@ std::string xml_escape(const std::string& s) {
 }
 }  // namespace
 
+namespace {
+// What the renderers read, checked once when a file is read: a snapshot that passes renders without an
+// exception, and no figure is so large that the chart's arithmetic overflows (sizes up to 2^50 bytes).
+class SnapshotChecker {
+ public:
+  explicit SnapshotChecker(const std::string& path) : path_(path) {}
+
+  void check(const nlohmann::json& j) {
+    for (const char* key : {"policy", "device", "provider"})
+      if (j.contains(key)) need(j.at(key).is_string(), key, "a string");
+    if (j.contains("granularity")) size(j, "granularity", "");
+    if (j.contains("expandable_segments")) need(j.at("expandable_segments").is_boolean(), "expandable_segments", "true or false");
+    const nlohmann::json& st = member(j, "stats", "", nlohmann::json::value_t::object, "an object");
+    for (const char* k : {"requested_bytes", "allocated_bytes", "active_bytes", "reserved_bytes"}) {
+      const nlohmann::json& c = member(st, k, "stats.", nlohmann::json::value_t::object, "an object");
+      size(c, "current", std::string("stats.") + k + ".");
+      size(c, "peak", std::string("stats.") + k + ".");
+    }
+    for (const char* k : {"largest_free_block", "num_allocs", "num_frees", "cache_hits", "provider_calls", "num_ooms"})
+      size(st, k, "stats.");
+    for (const char* k : {"fragmentation", "fragmentation_at_peak", "peak_reserved_over_peak_requested"}) {
+      need(st.contains(k) && st.at(k).is_number() && std::isfinite(st.at(k).get<double>()), std::string("stats.") + k,
+           "a finite number");
+    }
+    const nlohmann::json& segs = member(j, "segments", "", nlohmann::json::value_t::array, "an array");
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const std::string at = fmt::format("segments[{}].", i);
+      need(segs[i].is_object(), at, "an object");
+      size(segs[i], "extent", at);
+      if (segs[i].contains("pool")) need(segs[i].at("pool").is_string(), at + "pool", "a string");
+      const nlohmann::json& blocks = member(segs[i], "blocks", at, nlohmann::json::value_t::array, "an array");
+      for (size_t k = 0; k < blocks.size(); ++k) {
+        const std::string bat = fmt::format("{}blocks[{}].", at, k);
+        need(blocks[k].is_object(), bat, "an object");
+        for (const char* f : {"offset", "size", "requested"}) size(blocks[k], f, bat);
+        need(blocks[k].contains("state") && blocks[k].at("state").is_string(), bat + "state", "a string");
+      }
+      const nlohmann::json& mapped = member(segs[i], "mapped", at, nlohmann::json::value_t::array, "an array");
+      for (size_t k = 0; k < mapped.size(); ++k) {
+        const nlohmann::json& m = mapped[k];
+        need(m.is_array() && m.size() == 2 && fits(m[0]) && fits(m[1]), fmt::format("{}mapped[{}]", at, k),
+             "a pair [offset, bytes] of integers in [0, 2^50]");
+      }
+    }
+    const nlohmann::json& tl = member(j, "timeline", "", nlohmann::json::value_t::array, "an array");
+    for (size_t i = 0; i < tl.size(); ++i) {
+      const std::string at = fmt::format("timeline[{}].", i);
+      need(tl[i].is_object(), at, "an object");
+      for (const char* f : {"step", "allocated", "reserved", "peak_allocated", "peak_reserved"}) size(tl[i], f, at);
+    }
+  }
+
+ private:
+  static constexpr int64_t kMax = int64_t{1} << 50;
+  static bool fits(const nlohmann::json& v) {
+    if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(kMax);
+    return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMax;
+  }
+  void need(bool ok, const std::string& what, const char* expected) const {
+    AF_CHECK(ok, "{}: not a valid memory snapshot: '{}' must be {}", path_, what, expected);
+  }
+  void size(const nlohmann::json& obj, const char* key, const std::string& at) const {
+    need(obj.contains(key) && fits(obj.at(key)), at + key, "an integer in [0, 2^50]");
+  }
+  const nlohmann::json& member(const nlohmann::json& obj, const char* key, const std::string& at,
+                               nlohmann::json::value_t type, const char* expected) const {
+    need(obj.contains(key) && obj.at(key).type() == type, at + key, expected);
+    return obj.at(key);
+  }
+  std::string path_;
+};
+}  // namespace
+
 nlohmann::json snapshot_read(const std::string& path) {
   std::ifstream in(path);
   if (!in) AF_THROW(Io, "cannot open the memory snapshot '{}': {}", path, std::strerror(errno));
@@ -42,10 +116,9 @@ nlohmann::json snapshot_read(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     AF_THROW(InvalidArgument, "{}: not valid JSON: {}", path, e.what());
   }
-  AF_CHECK(j.is_object() && j.value("format", "") == kFormat,
+  AF_CHECK(j.is_object() && j.contains("format") && j.at("format").is_string() && j.at("format") == kFormat,
            "{}: not an ampforge memory snapshot (expected \"format\": \"{}\")", path, kFormat);
-  for (const char* key : {"stats", "segments", "timeline"})
-    AF_CHECK(j.contains(key), "{}: the snapshot has no '{}' field", path, key);
+  SnapshotChecker(path).check(j);
   return j;
 }
 

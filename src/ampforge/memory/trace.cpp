@@ -11,6 +11,7 @@
 #include "ampforge/memory/budgeted_provider.h"
 #include "ampforge/memory/host_provider.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::memory {
 
@@ -112,11 +113,9 @@ void trace_write(const Trace& trace, std::ostream& out, const std::string& comme
 }
 
 void trace_write_file(const Trace& trace, const std::string& path, const std::string& comment) {
-  std::ofstream out(path);
-  if (!out) AF_THROW(Io, "cannot write '{}': {}", path, std::strerror(errno));
+  std::ostringstream out;
   trace_write(trace, out, comment);
-  out.flush();
-  if (!out) AF_THROW(Io, "writing '{}' failed (disk full?)", path);
+  write_file_atomically(path, out.str(), "memory trace");
 }
 
 ReplayResult trace_replay(const Trace& trace, const PolicyConfig& policy, const ReplayOptions& options) {

@@ -87,10 +87,24 @@ void Module::train(bool on) {
   for (auto& [n, m] : children_) m->train(on);
 }
 
+namespace {
+// A parameter's .grad follows it to a new dtype or device (as torch's Module._apply), as a fresh tensor: an
+// optimizer that built the old gradient buffer rebinds the parameter and copies this in (optimizer.h).
+void convert_grad(const Tensor& p, DType dtype, Device device) {
+  const Tensor g = p.grad();
+  if (g.defined() && (g.dtype() != dtype || g.device() != device))
+    p.set_grad(ops::to_device(ops::to_dtype(g, dtype), device));
+}
+}  // namespace
+
 Module& Module::to(DType dtype, bool keep_f32_buffers) {
   AF_CHECK(dtype_is_float(dtype), "Module::to: expected a floating dtype, got {}", dtype_name(dtype));
+  autograd::NoGradGuard ng;
   for (auto& t : parameters())
-    if (t.is_floating_point() && t.dtype() != dtype) t.set_data(ops::to_dtype(t.detach(), dtype));
+    if (t.is_floating_point() && t.dtype() != dtype) {
+      t.set_data(ops::to_dtype(t.detach(), dtype));
+      convert_grad(t, dtype, t.device());
+    }
   if (!keep_f32_buffers)
     for (auto& [n, t] : named_buffers())
       if (t.is_floating_point() && t.dtype() != dtype) t.set_data(ops::to_dtype(t.detach(), dtype));
@@ -98,8 +112,12 @@ Module& Module::to(DType dtype, bool keep_f32_buffers) {
 }
 
 Module& Module::to(Device device) {
+  autograd::NoGradGuard ng;
   for (auto& t : parameters())
-    if (t.device() != device) t.set_data(ops::to_device(t.detach(), device));
+    if (t.device() != device) {
+      t.set_data(ops::to_device(t.detach(), device));
+      convert_grad(t, t.dtype(), device);
+    }
   for (auto& [n, t] : named_buffers())
     if (t.device() != device) t.set_data(ops::to_device(t.detach(), device));
   return *this;

@@ -245,6 +245,9 @@ void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const 
 // ---- helpers for ops/ -----------------------------------------------------------------------------
 // Output memory format for an op with these inputs: channels-last when a full-shape input is.
 MemoryFormat output_format(const Tensor& a, const Shape& out_shape);
+// The dtype of a binary op's result, by PyTorch's type promotion: dimensioned operands decide; a 0-dim
+// operand only when it is of a higher category (Bool < integer < floating) than the dimensioned ones.
+DType result_type(const Tensor& a, const Tensor& b);
 std::vector<int> normalize_dims(const std::vector<int64_t>& dims, int ndim, const char* what);
 
 }  // namespace ampforge::ops

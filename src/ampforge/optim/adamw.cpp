@@ -34,6 +34,8 @@ AdamW::AdamW(const std::vector<ParamGroupSpec>& groups, AdamWOptions opt)
 
 void AdamW::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
+  prepare_step();
+  check_rounding(options.rounding);
   // Host mode: the step counter advances only when the step is not skipped, so found_inf is read here
   // (free on the CPU). Device hyperparameters: the kernel keeps the count on the device, no read.
   const bool skipped = !device_hyperparams() && found_inf.defined() && !found_inf.device().is_meta() &&
@@ -43,13 +45,15 @@ void AdamW::step(const Tensor& found_inf) {
     AdamWAttrs at{g.lr, options.beta1, options.beta2, options.eps, g.weight_decay, g.step + 1,
                   model_copy_rounding(i, options.rounding)};
     const Tensor hyper = step_hyper(i);
+    const Tensor grads = take_step_grads(i);
     if (g.master.defined()) {
-      ops::adamw_step_(g.master, step_grads(i), state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
-                       step_params(i), hyper);
+      ops::adamw_step_(g.master, grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf, step_params(i),
+                       hyper);
     } else {
-      ops::adamw_step_(step_params(i), step_grads(i), state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf,
-                       Tensor(), hyper);
+      ops::adamw_step_(step_params(i), grads, state(i, "exp_avg"), state(i, "exp_avg_sq"), at, found_inf, Tensor(),
+                       hyper);
     }
+    note_stepped(i);
     if (!skipped && !hyper.defined()) ++g.step;
   }
 }
@@ -71,6 +75,8 @@ void SGD::set_momentum(double m) {
 
 void SGD::step(const Tensor& found_inf) {
   autograd::NoGradGuard ng;
+  prepare_step();
+  check_rounding(options.rounding);
   const bool skipped = !device_hyperparams() && found_inf.defined() && !found_inf.device().is_meta() &&
                        found_inf.item() != 0.0;  // meta: no values, the step is assumed to run
   for (size_t i = 0; i < groups_.size(); ++i) {
@@ -79,10 +85,12 @@ void SGD::step(const Tensor& found_inf) {
                 model_copy_rounding(i, options.rounding)};
     Tensor buf = options.momentum > 0 ? state(i, "momentum_buffer") : Tensor();
     const Tensor hyper = step_hyper(i);
+    const Tensor grads = take_step_grads(i);
     if (g.master.defined())
-      ops::sgd_step_(g.master, step_grads(i), buf, at, found_inf, step_params(i), hyper);
+      ops::sgd_step_(g.master, grads, buf, at, found_inf, step_params(i), hyper);
     else
-      ops::sgd_step_(step_params(i), step_grads(i), buf, at, found_inf, Tensor(), hyper);
+      ops::sgd_step_(step_params(i), grads, buf, at, found_inf, Tensor(), hyper);
+    note_stepped(i);
     if (!skipped && !hyper.defined()) ++g.step;
   }
 }

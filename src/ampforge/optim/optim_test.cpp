@@ -7,7 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ampforge/autograd/functions.h"
 #include "ampforge/core/half.h"
+#include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/optim/adamw.h"
 #include "ampforge/util/thread_pool.h"
@@ -342,5 +344,69 @@ TEST(DeviceHyperparams, BadHyperTensorIsAClearError) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device hyperparameters"), std::string::npos) << e.what();
+  }
+}
+
+// ---- parameters that move or change after the optimizer was built ----------------------------------
+
+namespace {
+// Two Linear(3, 2) with the same weights; one step of SGD on sum(lin(x)).
+std::vector<float> weights_of(const nn::Linear& l) {
+  std::vector<float> v = ops::to_dtype(l.weight.detach(), DType::F32).contiguous().tolist<float>();
+  for (float b : ops::to_dtype(l.bias.detach(), DType::F32).tolist<float>()) v.push_back(b);
+  return v;
+}
+void sgd_iteration(nn::Linear& lin, optim::Optimizer& opt, DType dtype) {
+  opt.zero_grad();
+  sum(lin.forward(ops::to_dtype(Tensor::from_vector<float>({1, -2, 3, 0.5f, 4, -1}, Shape{2, 3}), dtype))).backward();
+  opt.step();
+}
+}  // namespace
+
+TEST(OptimizerBinding, ModuleToDtypeBeforeOrAfterBuildingTrainsIdentically) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    auto before = std::make_shared<nn::Linear>(3, 2);
+    auto after = std::make_shared<nn::Linear>(3, 2);
+    after->load_state_dict(before->state_dict());
+    optim::SGDOptions o;
+    o.lr = 0.25;
+    o.momentum = 0.9;
+    before->to(dt);
+    optim::SGD opt_before(before->parameters(), o);
+    optim::SGD opt_after(after->parameters(), o);
+    after->to(dt);  // rebinds the parameters' storage away from the optimizer's flat buffer
+    const std::vector<float> w0 = weights_of(*after);
+    for (int it = 0; it < 3; ++it) {
+      sgd_iteration(*before, opt_before, dt);
+      sgd_iteration(*after, opt_after, dt);
+    }
+    EXPECT_NE(weights_of(*after), w0) << "the optimizer stepped a buffer the model no longer uses";
+    EXPECT_EQ(weights_of(*after), weights_of(*before)) << dtype_name(dt);
+    EXPECT_EQ(after->weight.grad().dtype(), dt);
+    EXPECT_EQ(opt_after.param_groups()[0].flat_params.dtype(), dt);
+  }
+}
+
+TEST(OptimizerBinding, LoadStateDictAfterBuildingReachesTheMasterWeights) {
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  lin->to(DType::F16);
+  optim::SGDOptions o;
+  o.lr = 0.1;
+  optim::SGD opt(lin->parameters(), o);  // F32 master copies of the random initial weights
+  lin->load_state_dict({{"weight", ops::full({2, 3}, 0.25)}, {"bias", ops::full({2}, -0.5)}});
+  opt.zero_grad();
+  opt.step();  // zero gradients: SGD without momentum or decay leaves the weights as loaded
+  EXPECT_EQ(weights_of(*lin), (std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, -0.5f, -0.5f}));
+}
+
+TEST(OptimizerBinding, ParametersSplitAcrossDtypesAreAnError) {
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  optim::AdamW opt(lin->parameters());
+  lin->weight.set_data(ops::to_dtype(lin->weight.detach(), DType::BF16));
+  try {
+    opt.zero_grad();
+    FAIL() << "a group with F32 and BF16 parameters was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moved after the optimizer was built"), std::string::npos) << e.what();
   }
 }

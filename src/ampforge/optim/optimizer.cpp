@@ -22,6 +22,36 @@ Tensor view_into(const Tensor& flat, int64_t off, const Tensor& like) {
   Strides st = f == MemoryFormat::ChannelsLast ? channels_last_strides(like.shape()) : contiguous_strides(like.shape());
   return flat.as_strided_raw(like.shape(), st, flat.offset() + off);
 }
+
+// Allocates g's flat parameter and gradient buffers (total elements, dtype dt on dev), copies each
+// parameter's current data into its slot and makes the parameter and its .grad views of the buffers.
+// keep_grads: a parameter's existing .grad (in any dtype or device) is copied into its slot.
+void bind_flat(ParamGroup& g, DType dt, Device dev, int64_t total, bool keep_grads) {
+  g.flat_params = ops::zeros({total}, dt, dev);
+  g.flat_grads = ops::zeros({total}, dt, dev);
+  int64_t off = 0;
+  for (const Tensor& p : g.params) {
+    Tensor v = view_into(g.flat_params, off, p);
+    ops::copy_(v, p.detach());
+    Tensor gv = view_into(g.flat_grads, off, p);
+    const Tensor old = p.grad();
+    if (keep_grads && old.defined() && old.shape() == p.shape())
+      ops::copy_(gv, ops::to_device(ops::to_dtype(old, dt), dev));
+    p.set_data(v);
+    p.set_grad(gv);
+    off += aligned(p.numel());
+  }
+}
+
+// Whether every parameter of g is still the view of g.flat_params the optimizer made.
+bool still_bound(const ParamGroup& g) {
+  int64_t off = g.flat_params.offset();
+  for (const Tensor& p : g.params) {
+    if (p.storage() != g.flat_params.storage() || p.offset() != off || p.dtype() != g.flat_params.dtype()) return false;
+    off += aligned(p.numel());
+  }
+  return true;
+}
 }  // namespace
 
 Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr, double default_wd)
@@ -51,18 +81,11 @@ Optimizer::Optimizer(const std::vector<ParamGroupSpec>& specs, double default_lr
       AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
       total += aligned(p.numel());
     }
-    g.flat_params = ops::zeros({total}, dt, dev);
-    g.flat_grads = ops::zeros({total}, dt, dev);
-    int64_t off = 0;
-    for (const Tensor& p : spec.params) {
-      Tensor v = view_into(g.flat_params, off, p);
-      ops::copy_(v, p.detach());
-      p.set_data(v);
-      p.set_grad(view_into(g.flat_grads, off, p));
-      g.params.push_back(p);
-      off += aligned(p.numel());
-    }
+    g.params = spec.params;
+    bind_flat(g, dt, dev, total, /*keep_grads=*/false);
     if (dt != DType::F32) g.master = ops::to_dtype(g.flat_params, DType::F32);
+    if (dt == DType::F16) g.master_grads = ops::zeros({total}, DType::F32, dev);
+    g.synced_version = g.flat_params.storage()->version();
     groups_.push_back(std::move(g));
     state_.emplace_back();
   }
@@ -94,9 +117,14 @@ void Optimizer::shard(int rank, int world) {
     g.shard_size = padded / world;
     g.shard_begin = g.shard_size * rank;
     g.shard_grads = ops::zeros({g.shard_size}, grads.dtype(), grads.device());
+    // F16 parameters: the F32 gradients the step reads (unscale_grads_) cover this rank's part only.
+    if (g.master_grads.defined()) g.master_grads = ops::zeros({g.shard_size}, DType::F32, grads.device());
+    g.master_grads_current = false;
     if (g.master.defined())
       g.master = ops::to_dtype(ops::narrow(params, 0, g.shard_begin, g.shard_size), DType::F32).contiguous();
     for (auto& [name, t] : state_[gi]) t = ops::zeros({g.shard_size}, DType::F32, t.device());
+    // The parameters now live in the new buffer: it is the one in sync with the master (ensure_bound).
+    g.synced_version = g.flat_params.storage()->version();
   }
 }
 
@@ -186,8 +214,10 @@ ModelCopyRounding Optimizer::model_copy_rounding(size_t group, const RoundingOpt
 Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
 
 void Optimizer::zero_grad() {
+  ensure_bound();
   for (auto& g : groups_) {
     ops::fill_(g.flat_grads, 0.0);
+    g.master_grads_current = false;
     // Re-attach in case user code replaced a .grad (e.g. set it to a fresh tensor).
     int64_t off = 0;
     for (auto& p : g.params) {
@@ -198,10 +228,90 @@ void Optimizer::zero_grad() {
   }
 }
 
-std::vector<Tensor> Optimizer::grad_buffers() const {
+std::vector<Tensor> Optimizer::grad_buffers() {
+  ensure_bound();
   std::vector<Tensor> out;
-  for (size_t i = 0; i < groups_.size(); ++i) out.push_back(step_grads(i));
+  for (auto& g : groups_)
+    out.push_back(g.master_grads_current ? g.master_grads : g.shard_size > 0 ? g.shard_grads : g.flat_grads);
   return out;
+}
+
+void Optimizer::unscale_grads_(const Tensor& inv_scale, const Tensor& found_inf) {
+  ensure_bound();
+  autograd::NoGradGuard ng;
+  for (auto& g : groups_) {
+    // ZeRO-1: the step reads this rank's reduce-scattered part only.
+    const Tensor& grads = g.shard_size > 0 ? g.shard_grads : g.flat_grads;
+    if (g.master_grads.defined()) {
+      // F16 -> F32 is exact; the division then happens in F32, where a gradient of 1e-8 survives.
+      ops::copy_(g.master_grads, grads);
+      ops::amp_unscale_(g.master_grads, inv_scale, found_inf);
+      g.master_grads_current = true;
+    } else {
+      ops::amp_unscale_(grads, inv_scale, found_inf);
+    }
+  }
+}
+
+Tensor Optimizer::take_step_grads(size_t group) {
+  ParamGroup& g = groups_[group];
+  const bool master = g.master_grads_current;
+  g.master_grads_current = false;
+  if (master) return g.master_grads;
+  return g.shard_size > 0 ? g.shard_grads : g.flat_grads;  // ZeRO-1: this rank's reduce-scattered part
+}
+
+void Optimizer::note_stepped(size_t group) {
+  groups_[group].synced_version = groups_[group].flat_params.storage()->version();
+}
+
+void Optimizer::ensure_bound() {
+  autograd::NoGradGuard ng;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    ParamGroup& g = groups_[i];
+    if (!still_bound(g)) {
+      AF_CHECK(g.shard_size == 0, "optimizer: the parameters of a sharded (ZeRO-1) optimizer were moved or replaced "
+                                  "after it was built; move the model before building the optimizer");
+      rebind_group(i);
+    } else if (g.master.defined() && g.flat_params.storage()->version() != g.synced_version) {
+      // Written in place from outside (a state-dict load, a broadcast): the step must start from these. A sharded
+      // master holds this rank's part.
+      ops::copy_(g.master, step_params(i));
+      g.synced_version = g.flat_params.storage()->version();
+    }
+  }
+}
+
+void Optimizer::rebind_group(size_t gi) {
+  ParamGroup& g = groups_[gi];
+  const DType dt = g.params[0].dtype();
+  const Device dev = g.params[0].device();
+  int64_t total = 0;
+  for (const Tensor& p : g.params) {
+    AF_CHECK(p.dtype() == dt && p.device() == dev,
+             "optimizer: the parameters of group {} were moved after the optimizer was built and no longer share one "
+             "dtype and device ({} on {} and {} on {}); move the whole model with Module::to(), or build the "
+             "optimizer after moving it", gi, dtype_name(dt), dev.str(), dtype_name(p.dtype()), p.device().str());
+    AF_CHECK(dtype_is_float(dt), "optimizer: parameters must be floating point, got {}", dtype_name(dt));
+    total += aligned(p.numel());
+  }
+  AF_CHECK(total == g.flat_params.numel(), "optimizer: the parameters of group {} changed size after the optimizer was "
+           "built ({} elements, now {}); build a new optimizer for a changed model", gi, g.flat_params.numel(), total);
+  // A device move keeps the F32 master (the precise weights). A dtype change, or a write into the parameters
+  // after the last step, starts from the parameters as they are now, as an optimizer built at this point
+  // would: so Module::to(dtype) before or after building the optimizer trains identically.
+  const Tensor keep_master = g.master.defined() && g.flat_params.dtype() == dt &&
+                                     g.flat_params.storage()->version() == g.synced_version
+                                 ? g.master
+                                 : Tensor();
+  bind_flat(g, dt, dev, total, /*keep_grads=*/true);
+  if (dt == DType::F32) g.master = Tensor();
+  else g.master = keep_master.defined() ? ops::to_device(keep_master, dev) : ops::to_dtype(g.flat_params, DType::F32);
+  g.master_grads = dt == DType::F16 ? ops::zeros({total}, DType::F32, dev) : Tensor();
+  g.master_grads_current = false;
+  for (auto& [name, t] : state_[gi]) t = ops::to_device(t, dev);
+  if (g.hyper.defined()) g.hyper = ops::to_device(g.hyper, dev);
+  g.synced_version = g.flat_params.storage()->version();
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_dict() const {
@@ -225,6 +335,7 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
     AF_CHECK(it != m.end(), "optimizer state: missing entry '{}' (saved by a different optimizer?)", k);
     return it->second;
   };
+  ensure_bound();
   autograd::NoGradGuard ng;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const std::string p = "group" + std::to_string(i) + ".";
@@ -244,6 +355,8 @@ void Optimizer::load_state_dict(const std::vector<std::pair<std::string, Tensor>
     };
     for (auto& [n, t] : state_[i]) load_into(t, need(p + n), n);
     if (groups_[i].master.defined()) load_into(groups_[i].master, need(p + "master"), "master");
+    if (groups_[i].master.defined())  // the saved master is the precise copy of the saved (rounded) parameters
+      groups_[i].synced_version = groups_[i].flat_params.storage()->version();
     groups_[i].step = static_cast<int64_t>(need(p + "step").item());
     groups_[i].lr = need(p + "lr").item();
     if (device_hyper_) {

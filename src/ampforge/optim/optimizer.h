@@ -9,7 +9,21 @@
 //
 // Master weights (Apex "O2"): when a group's parameters are F16/BF16, the optimizer keeps an F32 master
 // copy, updates it, and writes the rounded result back into the 16-bit parameters (optionally with
-// stochastic rounding for BF16: see RoundingOptions).
+// stochastic rounding for BF16: see RoundingOptions). F16 groups also get F32 master gradients: the
+// backward pass accumulates scaled gradients in the F16 buffer (the loss scale keeps them above F16's
+// underflow), and unscale_grads_() (GradScaler) divides them into the F32 buffer, which the step then
+// reads. Unscaling in place in F16 would flush every gradient below 2^-24 to zero; PyTorch avoids that by
+// refusing to unscale F16 gradients at all.
+//
+// Parameters that move after the optimizer was built (Module::to(dtype/device) rebinds their storage)
+// are followed: before zero_grad(), a step or an unscale, a group whose parameters no longer view its flat
+// buffer is rebuilt on their new dtype and device, keeping the optimizer's state (moments, step count, and
+// on a device move the F32 master; a dtype change starts the master from the converted parameters, as an
+// optimizer built after the conversion would). Values written into
+// the parameters in place from outside (Module::load_state_dict) are noticed by the storage version and
+// copied into the F32 master, so the next step starts from them. So `model.to(...)` before or after
+// building the optimizer gives the same training; parameters of one group that end up on different
+// dtypes or devices are an error naming them.
 #pragma once
 
 #include <map>
@@ -31,6 +45,9 @@ struct ParamGroup {
   Tensor flat_params;  // parameter dtype: the module's parameters are views into it
   Tensor flat_grads;   // parameter dtype: each parameter's .grad is a view into it
   Tensor master;       // F32 copy when the parameters are 16-bit, else undefined
+  Tensor master_grads;  // F32 unscaled gradients when the parameters are F16 (unscale_grads_ fills them); sharded: this rank's part
+  bool master_grads_current = false;  // the step reads master_grads (set by unscale_grads_, reset by a step)
+  uint64_t synced_version = 0;        // flat_params' storage version when master last matched it
   int64_t step = 0;    // completed (not skipped) steps of this group (host mode; see device hyperparameters)
   // Device hyperparameters {completed steps, lr} (F64, 2) on the parameters' device, when the optimizer
   // runs in that mode; `step` is then stale and steps()/state_dict() read this tensor.
@@ -74,8 +91,12 @@ class Optimizer {
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // Flat gradient buffers, one per group (GradScaler unscales these in one pass each).
-  std::vector<Tensor> grad_buffers() const;
+  // The gradients the next step reads, one flat buffer per group: after unscale_grads_(), an F16 group's
+  // F32 master gradients, else the flat gradient buffer (gradient clipping works on these).
+  std::vector<Tensor> grad_buffers();
+  // Divides the gradients by the loss scale (inv_scale: one F32 value) and sets found_inf (one F32 value)
+  // on Inf/NaN, one fused pass per group; F16 groups write into their F32 master gradients.
+  void unscale_grads_(const Tensor& inv_scale, const Tensor& found_inf);
   // Steps taken (by group 0); used by schedulers and checkpoints. With device hyperparameters this reads
   // the count from the device (a synchronisation).
   int64_t steps() const;
@@ -136,11 +157,19 @@ class Optimizer {
   // The device hyperparameters to pass to the fused kernel for group i (undefined in host mode); brings
   // them up to date first unless a CUDA graph is being captured.
   Tensor step_hyper(size_t group);
+  // Called at the start of step(): follows moved or overwritten parameters (ensure_bound).
+  void prepare_step() { ensure_bound(); }
+  // The gradient buffer group i's step reads; marks master gradients consumed.
+  Tensor take_step_grads(size_t group);
+  // Records that the step wrote group i's parameters (its own version bump is not an outside write).
+  void note_stepped(size_t group);
 
   std::vector<ParamGroup> groups_;
   std::vector<std::map<std::string, Tensor>> state_;
 
  private:
+  void ensure_bound();
+  void rebind_group(size_t group);
   uint64_t id_;
   bool device_hyper_ = false;
 };

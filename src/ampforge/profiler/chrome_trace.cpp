@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::profiler {
 
@@ -105,11 +106,8 @@ nlohmann::json chrome_trace(const ProfileData& d) {
 }
 
 void write_chrome_trace(const ProfileData& data, const std::string& path) {
-  std::ofstream f(path, std::ios::trunc);
-  if (!f) AF_THROW(Io, "cannot write the trace '{}': {}", path, std::strerror(errno));
-  f << chrome_trace(data).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  f.flush();
-  if (!f) AF_THROW(Io, "error while writing the trace '{}': {}", path, std::strerror(errno));
+  write_file_atomically(path, chrome_trace(data).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n',
+                        "trace");
 }
 
 }  // namespace ampforge::profiler

@@ -126,6 +126,8 @@ void probe_steps(const FitProbeSetup& s, memory::FitProbe& p, memory::CachingAll
       for (const auto& g : opt->param_groups()) {
         params.push_back(g.flat_params);
         grads.push_back(g.flat_grads);
+        grads.push_back(g.master_grads);  // F16 groups: the F32 unscaled gradients
+        grads.push_back(g.shard_grads);   // ZeRO-1: this rank's reduce-scattered part
         state.push_back(g.master);
       }
       for (auto& [name, t] : model->named_parameters()) params.push_back(t);  // any the optimizer does not hold

@@ -1,12 +1,12 @@
 #include "ampforge/util/file.h"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -15,23 +15,35 @@
 namespace ampforge {
 
 void write_file_atomically(const std::string& path, std::string_view bytes, const char* what) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) AF_THROW(Io, "cannot write the {} '{}' ({}): {}", what, path, tmp, std::strerror(errno));
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      f.close();
-      std::remove(tmp.c_str());
-      AF_THROW(Io, "writing the {} '{}' failed (disk full?)", what, path);
-    }
+  // Unique per process, thread and call: two threads writing the same path never share a temporary file.
+  static std::atomic<uint64_t> serial{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}.{}", path, static_cast<long>(::getpid()),
+                                      static_cast<long>(::syscall(SYS_gettid)), serial.fetch_add(1));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) AF_THROW(Io, "cannot write the {} '{}' ({}): {}", what, path, tmp, std::strerror(errno));
+  // POSIX calls rather than a stream: the error of the call that failed (ENOSPC, EDQUOT, EIO) is known.
+  auto fail = [&](const char* step) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    AF_THROW(Io, "{} the {} '{}' failed: {} ('{}' is unchanged{})", step, what, path, std::strerror(err), path,
+             err == ENOSPC || err == EDQUOT ? "; the disk is full" : "");
+  };
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("writing");
+    done += static_cast<size_t>(n);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    AF_THROW(Io, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    AF_THROW(Io, "closing the {} '{}' failed: {} ('{}' is unchanged)", what, path, std::strerror(err), path);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    AF_THROW(Io, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err));
   }
 }
 

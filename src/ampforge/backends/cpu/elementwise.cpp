@@ -66,8 +66,51 @@ void unary_arith(const KernelArgs& a, const char* what, F f) {
   });
 }
 
+// ---- mixed 16-bit / F32 operands (dispatch.h: declare_mixed_float_inputs) ----------------------------
+// ops/ passes F16/BF16 operands of an F32 result (or of a comparison computed in F32) as they are; each
+// chunk of each operand is converted into an L1 buffer here, so no full-size F32 copy is ever made.
+
+bool mixed_inputs(const KernelArgs& a) {
+  const DType o = a.out(0).dtype() == DType::Bool ? promote_types(a.in(0).dtype(), a.in(1).dtype()) : a.out(0).dtype();
+  return a.in(0).dtype() != o || a.in(1).dtype() != o;
+}
+
+void load_as_float(DType d, const char* p, int64_t bs, int64_t n, float* out) {
+  switch (d) {
+    case DType::F32: load_strided<float, float>(p, bs, n, out); return;
+    case DType::F16: load_strided<Half, float>(p, bs, n, out); return;
+    case DType::BF16: load_strided<BFloat16, float>(p, bs, n, out); return;
+    default: AF_ASSERT(false, "mixed-dtype operand of dtype {} (only F16/BF16/F32 are declared)", dtype_name(d));
+  }
+}
+
+// out = f(x, y) in float; out is F32, or Bool for comparisons.
+template <class F>
+void binary_mixed(const KernelArgs& a, F f) {
+  const Tensor& out = a.out(0);
+  const bool to_bool = out.dtype() == DType::Bool;
+  AF_ASSERT(to_bool || out.dtype() == DType::F32, "mixed-dtype binary op with a {} result", dtype_name(out.dtype()));
+  const DType da = a.in(0).dtype(), db = a.in(1).dtype();
+  ElementwiseIter it = make_elementwise_iter(out, {&a.in(0), &a.in(1)});
+  for_each_run(it, [&](char** ptrs, const int64_t* bs, int64_t n) {
+    alignas(64) float x[kChunk], y[kChunk], o[kChunk];
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t m = std::min(kChunk, n - c);
+      load_as_float(da, ptrs[1] + c * bs[1], bs[1], m, x);
+      load_as_float(db, ptrs[2] + c * bs[2], bs[2], m, y);
+      if (to_bool) {
+        for (int64_t i = 0; i < m; ++i) *reinterpret_cast<bool*>(ptrs[0] + (c + i) * bs[0]) = f(x[i], y[i]);
+      } else {
+        for (int64_t i = 0; i < m; ++i) o[i] = static_cast<float>(f(x[i], y[i]));
+        store_strided<float, float>(o, ptrs[0] + c * bs[0], bs[0], m);
+      }
+    }
+  });
+}
+
 template <class F>
 void binary_arith(const KernelArgs& a, const char* what, F f) {
+  if (mixed_inputs(a)) return binary_mixed(a, f);
   visit_arith(a.out(0).dtype(), what, [&](auto tag) {
     using S = decltype(tag);
     using A = compute_t<S>;
@@ -81,6 +124,7 @@ void binary_arith(const KernelArgs& a, const char* what, F f) {
 
 template <class F>
 void binary_float(const KernelArgs& a, const char* what, F f) {
+  if (mixed_inputs(a)) return binary_mixed(a, f);
   visit_float(a.out(0).dtype(), what, [&](auto tag) {
     using S = decltype(tag);
     using A = compute_t<S>;
@@ -95,6 +139,7 @@ void binary_float(const KernelArgs& a, const char* what, F f) {
 // Comparisons: inputs of one arithmetic (or Bool) dtype, output Bool.
 template <class F>
 void compare(const KernelArgs& a, const char* what, F f) {
+  if (mixed_inputs(a)) return binary_mixed(a, f);
   auto run = [&](auto tag) {
     using S = decltype(tag);
     using A = std::conditional_t<std::is_same_v<S, bool>, uint8_t, compute_t<S>>;
@@ -352,6 +397,9 @@ void register_elementwise_cpu() {
   reg(OpId::minimum, [](const KernelArgs& a) {
     binary_arith(a, "minimum", [](auto x, auto y) { return (x != x || x < y) ? x : y; });
   });
+  for (OpId op : {OpId::add, OpId::sub, OpId::mul, OpId::div, OpId::pow, OpId::maximum, OpId::minimum, OpId::eq,
+                  OpId::ne, OpId::lt, OpId::le, OpId::gt, OpId::ge})
+    declare_mixed_float_inputs(op, DeviceType::CPU);
   reg(OpId::eq, [](const KernelArgs& a) { compare(a, "eq", [](auto x, auto y) { return x == y; }); });
   reg(OpId::ne, [](const KernelArgs& a) { compare(a, "ne", [](auto x, auto y) { return x != y; }); });
   reg(OpId::lt, [](const KernelArgs& a) { compare(a, "lt", [](auto x, auto y) { return x < y; }); });
