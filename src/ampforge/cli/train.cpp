@@ -238,11 +238,13 @@ Command add_train_command(CLI::App& app) {
                 per_epoch.push_back(e);
               }
               j["epoch_eval"] = per_epoch;
-              if (!r.eval_details.json.empty())
-                for (const auto& [key, value] : nlohmann::json::parse(r.eval_details.json).items()) {
-                  AF_CHECK(!j.contains(key), "the evaluation's detail '{}' clashes with a summary key", key);
-                  j[key] = value;
+              if (!r.eval_details.json.empty()) {
+                const nlohmann::json details = nlohmann::json::parse(r.eval_details.json);
+                for (const auto& item : details.items()) {
+                  AF_CHECK(!j.contains(item.key()), "the evaluation's detail '{}' clashes with a summary key", item.key());
+                  j[item.key()] = item.value();
                 }
+              }
               if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }
