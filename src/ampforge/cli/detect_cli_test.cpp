@@ -1,6 +1,7 @@
 // `ampforge data make-detection`, `train --dataset detection --save` and `detect` as a user runs them, on a tiny
-// composed set: the data command writes the YOLO layout, a one-step run writes a checkpoint, detect writes one
-// JSON line per image with boxes inside the image, and bad input is exit 2 with a message naming it.
+// composed set: the data command writes the YOLO layout, a one-step run (of mosaics) writes a checkpoint and
+// reports the per-class table (stderr and --json), detect writes one JSON line per image with boxes inside the
+// image, and bad input is exit 2 with a message naming it.
 #include <gtest/gtest.h>
 
 #include "ampforge/cli/cli_test_util.h"
@@ -29,8 +30,16 @@ TEST(DetectCli, MakeDetectionTrainAndDetect) {
   EXPECT_TRUE(fs::exists(d / "set/labels/train/train_000003.txt"));
   const std::string data = (d / "set/data.yaml").string(), ck = (d / "ck.safetensors").string();
   r = run_ampforge("train --model yolov8n --dataset detection --data " + data + " --image-size 64 --epochs 1 --batch 4 "
-          "--workers 0 --no-progress --save " + ck);
+          "--workers 0 --no-progress --mosaic 1 --close-mosaic 0 --json --save " + ck);
   ASSERT_EQ(r.code, 0) << r.out;
+  // stderr (the per-class table) then the JSON summary's one line on stdout.
+  EXPECT_NE(r.out.find("per class ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mAP50-95"), std::string::npos) << r.out;
+  const auto summary = nlohmann::json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  EXPECT_EQ(summary.at("config").at("mosaic"), 1.0);
+  ASSERT_GT(summary.at("per_class").size(), 0u);
+  for (const char* key : {"class", "name", "images", "instances", "precision", "recall", "map50", "map50_95"})
+    EXPECT_TRUE(summary["per_class"][0].contains(key)) << key;
   const std::string out = (d / "dets.jsonl").string();
   r = run_ampforge("detect --model yolov8n --checkpoint " + ck + " --source " + (d / "set/images/val").string() +
           " --image-size 64 --conf 0.001 --data " + data + " --out " + out);

@@ -39,6 +39,11 @@ Command add_train_command(CLI::App& app) {
                   "--dataset detection: a YOLO-format DATA.yaml, or fashion-mnist-detection (composed from "
                   "Fashion-MNIST into --data-dir, default ./fashion-mnist-detection, on first use)")
       ->capture_default_str();
+  sub->add_option("--mosaic", c.mosaic,
+                  "--dataset detection: probability that a training example is a mosaic of 4 images (Ultralytics' "
+                  "mosaic; default 1.0 when --epochs > --close-mosaic, else 0)");
+  sub->add_option("--close-mosaic", c.close_mosaic, "--dataset detection: no mosaic in the last N epochs")
+      ->capture_default_str();
   sub->add_option("--corpus", c.corpus,
                   "Masked-LM models with --dataset text: wordnet (Debian's wordnet-base glosses) or a text file, one "
                   "document per line (tokenised once, cached)");
@@ -158,6 +163,8 @@ Command add_train_command(CLI::App& app) {
             train::TrainResult r = train::train(cfg);
             // One report per job: rank 0's (every rank has the same numbers).
             if (r.rank != 0) return r.interrupted ? 130 : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
+            // The task's own detail of the final evaluation (detection: the per-class table).
+            if (!r.eval_details.text.empty()) std::fprintf(stderr, "\n%s", r.eval_details.text.c_str());
             std::string metrics;
             for (const tasks::Metric& m : r.eval)
               metrics += m.fraction ? fmt::format("test {} {:.2f}%, ", m.name, 100.0 * m.value)
@@ -231,6 +238,13 @@ Command add_train_command(CLI::App& app) {
                 per_epoch.push_back(e);
               }
               j["epoch_eval"] = per_epoch;
+              if (!r.eval_details.json.empty()) {
+                const nlohmann::json details = nlohmann::json::parse(r.eval_details.json);
+                for (const auto& item : details.items()) {
+                  AF_CHECK(!j.contains(item.key()), "the evaluation's detail '{}' clashes with a summary key", item.key());
+                  j[item.key()] = item.value();
+                }
+              }
               if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }

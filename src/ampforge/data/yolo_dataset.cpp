@@ -155,6 +155,13 @@ YoloDetectionDataset::YoloDetectionDataset(const std::string& images_dir, std::v
   AF_CHECK(!names_.empty(), "YoloDetectionDataset: no class names for {}", images_dir);
   AF_CHECK(opt_.image_size >= 32 && opt_.image_size % 32 == 0,
            "YoloDetectionDataset: the image size must be a positive multiple of 32, got {}", opt_.image_size);
+  AF_CHECK(opt_.mosaic >= 0 && opt_.mosaic <= 1, "YoloDetectionDataset: the mosaic probability must be in [0, 1], got {}",
+           opt_.mosaic);
+  // scale < 1 keeps the factor a positive; translate <= 0.5 keeps the centre of the canvas inside the example.
+  AF_CHECK(opt_.mosaic_scale >= 0 && opt_.mosaic_scale < 1, "YoloDetectionDataset: the mosaic scale must be in [0, 1), "
+           "got {}", opt_.mosaic_scale);
+  AF_CHECK(opt_.mosaic_translate >= 0 && opt_.mosaic_translate <= 0.5, "YoloDetectionDataset: the mosaic translate "
+           "must be in [0, 0.5], got {}", opt_.mosaic_translate);
   std::error_code ec;
   AF_CHECK(fs::is_directory(images_dir, ec), "YoloDetectionDataset: {} is not a folder of images", images_dir);
   for (const auto& e : fs::directory_iterator(images_dir))
@@ -231,13 +238,130 @@ void hsv_jitter(float& r, float& g, float& b, double gh, double gs, double gv) {
 
 }  // namespace
 
-void YoloDetectionDataset::get(int64_t i, float* dst, const ExampleContext& ctx) const {
+Image YoloDetectionDataset::load_resized(int64_t i) const {
   const std::string& f = files_[static_cast<size_t>(i)];
   Image img = decode_image_file(f);  // Error(Io) naming the file when it does not decode
   AF_CHECK(img.height == image_height(i) && img.width == image_width(i), "{}: decoded as {}x{}, its header said {}x{}",
            f, img.width, img.height, image_width(i), image_height(i));
   const Letterbox lb = letterbox(i);
   if (lb.new_w != img.width || lb.new_h != img.height) img = resize(img, lb.new_h, lb.new_w);
+  return img;
+}
+
+// ---- mosaic ---------------------------------------------------------------------------------------------------------
+YoloDetectionDataset::MosaicPlan YoloDetectionDataset::mosaic_plan(int64_t i, const ExampleContext& ctx) const {
+  MosaicPlan p;
+  p.images = {i, i, i, i};
+  if (!mosaic_possible() || (opt_.close_mosaic_epoch >= 0 && ctx.epoch >= opt_.close_mosaic_epoch)) return p;
+  // A stream of its own (the key with a constant mixed in), so the flip and HSV draws of augmentation() are the
+  // same with and without mosaic, and --mosaic 0 changes nothing.
+  ExampleRng rng(ctx.key ^ 0x6d6f7361696334ULL);
+  p.on = rng.uniform() < opt_.mosaic;
+  if (!p.on) return p;
+  for (size_t k = 1; k < 4; ++k) p.images[k] = rng.randint(0, size());
+  const auto S = static_cast<double>(opt_.image_size);
+  // int(random.uniform(S/2, 3S/2)): truncation, the value is positive
+  p.xc = static_cast<int64_t>(rng.uniform(S / 2, 3 * S / 2));
+  p.yc = static_cast<int64_t>(rng.uniform(S / 2, 3 * S / 2));
+  p.scale = rng.uniform(1 - opt_.mosaic_scale, 1 + opt_.mosaic_scale);
+  p.tx = rng.uniform(0.5 - opt_.mosaic_translate, 0.5 + opt_.mosaic_translate) * S;
+  p.ty = rng.uniform(0.5 - opt_.mosaic_translate, 0.5 + opt_.mosaic_translate) * S;
+  return p;
+}
+
+namespace {
+
+// Where tile k (an image of w x h) goes in the 2S x 2S canvas: canvas [x1, x2) x [y1, y2) holds the image's pixels
+// from (x1 - dx, y1 - dy) on. Ultralytics' _mosaic4: the tiles meet at (xc, yc), each image against the centre
+// (top left: its bottom-right corner there), cut by the canvas.
+struct Tile {
+  int64_t x1, y1, x2, y2, dx, dy;
+};
+
+Tile mosaic_tile(size_t k, int64_t xc, int64_t yc, int64_t w, int64_t h, int64_t S2) {
+  const bool right = k == 1 || k == 3, bottom = k >= 2;
+  const int64_t left_edge = right ? xc : xc - w, top_edge = bottom ? yc : yc - h;  // the image's corner
+  return {std::max<int64_t>(left_edge, 0), std::max<int64_t>(top_edge, 0), std::min(left_edge + w, S2),
+          std::min(top_edge + h, S2), left_edge, top_edge};
+}
+
+}  // namespace
+
+std::vector<std::array<double, 5>> YoloDetectionDataset::mosaic_boxes(const MosaicPlan& plan) const {
+  const int64_t S = opt_.image_size, S2 = 2 * S;
+  const auto Sd = static_cast<double>(S), S2d = static_cast<double>(S2);
+  std::vector<std::array<double, 5>> out;
+  for (size_t k = 0; k < 4; ++k) {
+    const int64_t j = plan.images[k];
+    const Letterbox lb = letterbox(j);
+    const Tile t = mosaic_tile(k, plan.xc, plan.yc, lb.new_w, lb.new_h, S2);
+    const auto w = static_cast<double>(lb.new_w), h = static_cast<double>(lb.new_h);
+    for (const DetectionBox& b : boxes_[static_cast<size_t>(j)]) {
+      // In the canvas, clipped to it (Ultralytics' _cat_labels); a box left with no area is gone.
+      const double x1 = std::clamp((b.cx - b.w / 2.0) * w + static_cast<double>(t.dx), 0.0, S2d);
+      const double x2 = std::clamp((b.cx + b.w / 2.0) * w + static_cast<double>(t.dx), 0.0, S2d);
+      const double y1 = std::clamp((b.cy - b.h / 2.0) * h + static_cast<double>(t.dy), 0.0, S2d);
+      const double y2 = std::clamp((b.cy + b.h / 2.0) * h + static_cast<double>(t.dy), 0.0, S2d);
+      if (!(x2 > x1 && y2 > y1)) continue;
+      // Back to S x S, clipped to the example; box_candidates(wh_thr 2, ar_thr 100, area_thr 0.1) against the
+      // mapped box before the clip.
+      const double w1 = (x2 - x1) * plan.scale, h1 = (y2 - y1) * plan.scale;
+      auto mx = [&](double x) { return std::clamp(plan.scale * (x - Sd) + plan.tx, 0.0, Sd); };
+      auto my = [&](double y) { return std::clamp(plan.scale * (y - Sd) + plan.ty, 0.0, Sd); };
+      const double u1 = mx(x1), u2 = mx(x2), v1 = my(y1), v2 = my(y2);
+      const double w2 = u2 - u1, h2 = v2 - v1;
+      const double ar = std::max(w2 / (h2 + 1e-16), h2 / (w2 + 1e-16));
+      if (w2 > 2 && h2 > 2 && w2 * h2 / (w1 * h1 + 1e-16) > 0.1 && ar < 100)
+        out.push_back({static_cast<double>(b.cls), u1, v1, u2, v2});
+    }
+  }
+  return out;
+}
+
+void YoloDetectionDataset::get_mosaic(const MosaicPlan& plan, const ExampleContext& ctx, float* dst) const {
+  const int64_t S = opt_.image_size, S2 = 2 * S, plane = S * S;
+  std::vector<uint8_t> canvas(static_cast<size_t>(S2 * S2 * 3), 114);
+  for (size_t k = 0; k < 4; ++k) {
+    const Image img = load_resized(plan.images[k]);
+    const Tile t = mosaic_tile(k, plan.xc, plan.yc, img.width, img.height, S2);
+    for (int64_t y = t.y1; y < t.y2; ++y)
+      std::copy_n(img.at(y - t.dy, t.x1 - t.dx), (t.x2 - t.x1) * 3, canvas.data() + (y * S2 + t.x1) * 3);
+  }
+  const Augmentation aug = augmentation(ctx);
+  const bool jitter = aug.gain_h != 1 || aug.gain_s != 1 || aug.gain_v != 1;
+  const auto Sd = static_cast<double>(S);
+  auto at = [&](int64_t x, int64_t y, int c) {  // the canvas, 114 outside (warpAffine's border value)
+    return x >= 0 && x < S2 && y >= 0 && y < S2 ? static_cast<float>(canvas[static_cast<size_t>((y * S2 + x) * 3 + c)])
+                                                : 114.0f;
+  };
+  for (int64_t v = 0; v < S; ++v) {
+    // Output pixel centre (u + 0.5, v + 0.5) comes from canvas point (x + 0.5, y + 0.5), x = (u + 0.5 - tx) / a + S
+    // - 0.5: the inverse of the boxes' map, so pixels and boxes move together.
+    const double ys = (static_cast<double>(v) + 0.5 - plan.ty) / plan.scale + Sd - 0.5;
+    const auto y0 = static_cast<int64_t>(std::floor(ys));
+    const auto fy = static_cast<float>(ys - static_cast<double>(y0));
+    for (int64_t u = 0; u < S; ++u) {
+      const double xs = (static_cast<double>(u) + 0.5 - plan.tx) / plan.scale + Sd - 0.5;
+      const auto x0 = static_cast<int64_t>(std::floor(xs));
+      const auto fx = static_cast<float>(xs - static_cast<double>(x0));
+      float rgb[3];
+      for (int c = 0; c < 3; ++c) {
+        const float top = at(x0, y0, c) * (1 - fx) + at(x0 + 1, y0, c) * fx;
+        const float bot = at(x0, y0 + 1, c) * (1 - fx) + at(x0 + 1, y0 + 1, c) * fx;
+        rgb[c] = (top * (1 - fy) + bot * fy) / 255.0f;
+      }
+      if (jitter) hsv_jitter(rgb[0], rgb[1], rgb[2], aug.gain_h, aug.gain_s, aug.gain_v);
+      const int64_t q = v * S + (aug.flip ? S - 1 - u : u);
+      for (int c = 0; c < 3; ++c) dst[c * plane + q] = rgb[c];
+    }
+  }
+}
+
+void YoloDetectionDataset::get(int64_t i, float* dst, const ExampleContext& ctx) const {
+  const MosaicPlan plan = mosaic_plan(i, ctx);
+  if (plan.on) return get_mosaic(plan, ctx, dst);
+  Image img = load_resized(i);
+  const Letterbox lb = letterbox(i);
   const Augmentation aug = augmentation(ctx);
   if (aug.flip) hflip_(img);
   const bool jitter = aug.gain_h != 1 || aug.gain_s != 1 || aug.gain_v != 1;
@@ -261,7 +385,19 @@ void YoloDetectionDataset::targets(int64_t i, const ExampleContext& ctx, float* 
   const auto S = static_cast<double>(opt_.image_size);
   const bool flip = flipped(ctx);
   const auto& bx = boxes_[static_cast<size_t>(i)];
-  std::fill(rows, rows + max_boxes_ * 5, 0.0f);
+  std::fill(rows, rows + max_targets() * 5, 0.0f);
+  if (const MosaicPlan plan = mosaic_plan(i, ctx); plan.on) {
+    const auto boxes = mosaic_boxes(plan);
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      const auto& b = boxes[k];
+      const double x1 = flip ? S - b[3] : b[1], x2 = flip ? S - b[1] : b[3];
+      float* r = rows + k * 5;
+      r[0] = static_cast<float>(b[0]);
+      r[1] = static_cast<float>((x1 + x2) / 2 / S), r[2] = static_cast<float>((b[2] + b[4]) / 2 / S);
+      r[3] = static_cast<float>((x2 - x1) / S), r[4] = static_cast<float>((b[4] - b[2]) / S);
+    }
+    return;
+  }
   for (size_t k = 0; k < bx.size(); ++k) {
     const DetectionBox& b = bx[k];
     double cx = (b.cx * static_cast<double>(lb.new_w) + static_cast<double>(lb.left)) / S;

@@ -14,13 +14,32 @@
 // Examples are letterboxed (Ultralytics' LetterBox: scale min(S/h, S/w), centred, padded with 114/255) to
 // S x S, as (3, S, S) floats in [0, 1]; with augmentation, a horizontal flip with probability fliplr and an HSV
 // jitter, both drawn from the example's key. The boxes follow the same transform (Dataset::targets).
+//
+// Mosaic (training, DetectionDatasetOptions::mosaic; Ultralytics' Mosaic of 4 images, then its random_perspective
+// with scale and translate only): with probability `mosaic`, example i (top left) and three images drawn from the
+// example's key (uniform, with replacement), each resized as the letterbox does (no padding), fill the quadrants
+// around a centre (xc, yc) drawn in [S/2, 3S/2) of a 2S x 2S canvas of 114 gray (Ultralytics' _mosaic4 placement);
+// boxes are clipped to the canvas. The canvas comes back to S x S by x' = a (x - S) + t: a in [1 - scale,
+// 1 + scale], t in [0.5 -+ translate] S per axis (bilinear, 114 outside), boxes mapped and clipped to the image,
+// and a box survives only with w, h > 2 pixels, area > 0.1 of its mapped unclipped area and aspect < 100
+// (Ultralytics' box_candidates). Then the HSV jitter (the whole image, the gray too, as Ultralytics) and the flip,
+// from the same draws as without mosaic. Every draw comes from the example's key, so a mosaic is a function of
+// (seed, epoch, example): any number of workers, exact resume. From epoch close_mosaic_epoch on (Ultralytics'
+// close_mosaic) no example is a mosaic. Differences from Ultralytics: pixels are sampled at their centres
+// ((u + 0.5) maps to (x + 0.5)), so boxes and pixels agree to the subpixel (cv2.warpAffine maps integer pixel
+// positions: a shift of 0.5 (1 - 1/a) pixels against the boxes); the three images come from the whole split,
+// not from a buffer of recent ones; images keep the letterbox's rounding of their size (Ultralytics' LoadImage
+// rounds up); examples that are not mosaics get no scale/translate jitter (Ultralytics applies
+// random_perspective to every training image).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "ampforge/data/dataset.h"
+#include "ampforge/data/image.h"
 
 namespace ampforge::data {
 
@@ -51,6 +70,11 @@ struct DetectionDatasetOptions {
   // 1 + U(-1, 1) * gain (hue wraps, saturation and value are clipped). Computed in float HSV, not with
   // OpenCV's 8-bit lookup tables. 0 turns a channel's jitter off.
   double hsv_h = 0.015, hsv_s = 0.7, hsv_v = 0.4;
+  // Mosaic (see above), with augment only: the probability per example; no mosaic from epoch close_mosaic_epoch
+  // (0-based) on, < 0: in every epoch; Ultralytics' scale and translate for the way back to S x S.
+  double mosaic = 0;
+  int64_t close_mosaic_epoch = -1;
+  double mosaic_scale = 0.5, mosaic_translate = 0.1;
   std::string name = "detection";
 };
 
@@ -67,7 +91,8 @@ class YoloDetectionDataset final : public Dataset {
   void get(int64_t i, float* dst, const ExampleContext& ctx) const override;
   int64_t label(int64_t i) const override;  // the first object's class (0 without objects): for the loader only
   std::string name() const override { return opt_.name; }
-  int64_t max_targets() const override { return max_boxes_; }
+  // A mosaic holds the boxes of up to four images.
+  int64_t max_targets() const override { return mosaic_possible() ? 4 * max_boxes_ : max_boxes_; }
   void targets(int64_t i, const ExampleContext& ctx, float* rows) const override;
 
   const std::vector<std::string>& class_names() const { return names_; }
@@ -79,6 +104,14 @@ class YoloDetectionDataset final : public Dataset {
     int64_t new_w = 0, new_h = 0, left = 0, top = 0;
   };
   Letterbox letterbox(int64_t i) const;
+  // What the example's key makes of it: a mosaic or not, its images and geometry (see above).
+  struct MosaicPlan {
+    bool on = false;
+    std::array<int64_t, 4> images{};  // top left (the example), top right, bottom left, bottom right
+    int64_t xc = 0, yc = 0;            // the centre in the 2S x 2S canvas
+    double scale = 1, tx = 0, ty = 0;  // back to S x S: x' = scale (x - S) + tx, y' = scale (y - S) + ty
+  };
+  MosaicPlan mosaic_plan(int64_t i, const ExampleContext& ctx) const;
   int64_t image_width(int64_t i) const { return sizes_[static_cast<size_t>(i)].second; }
   int64_t image_height(int64_t i) const { return sizes_[static_cast<size_t>(i)].first; }
 
@@ -89,6 +122,11 @@ class YoloDetectionDataset final : public Dataset {
   };
   Augmentation augmentation(const ExampleContext& ctx) const;  // a function of ctx.key only
   bool flipped(const ExampleContext& ctx) const { return augmentation(ctx).flip; }
+  bool mosaic_possible() const { return opt_.augment && opt_.mosaic > 0; }
+  Image load_resized(int64_t i) const;  // decoded and resized to the letterbox's new_w x new_h
+  // A mosaic's boxes in pixels of the S x S example before the flip: (class, x1, y1, x2, y2).
+  std::vector<std::array<double, 5>> mosaic_boxes(const MosaicPlan& plan) const;
+  void get_mosaic(const MosaicPlan& plan, const ExampleContext& ctx, float* dst) const;
   std::vector<std::string> files_, names_;
   std::vector<std::vector<DetectionBox>> boxes_;
   std::vector<std::pair<int64_t, int64_t>> sizes_;  // (h, w)

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/models/yolo.h"
@@ -67,9 +70,11 @@ std::vector<Detection> non_max_suppression(const float* d, int64_t nc, int64_t A
 
 void DetectionMetrics::add_image(const std::vector<Detection>& dets, const std::vector<Detection>& truth) {
   ++images_;
+  std::vector<bool> seen(static_cast<size_t>(nc_), false);
   for (const Detection& t : truth) {
     AF_CHECK(t.cls >= 0 && t.cls < nc_, "DetectionMetrics: a ground-truth box has class {}, outside [0, {})", t.cls, nc_);
     ++gt_count_[static_cast<size_t>(t.cls)];
+    if (!seen[static_cast<size_t>(t.cls)]) seen[static_cast<size_t>(t.cls)] = true, ++gt_images_[static_cast<size_t>(t.cls)];
   }
   // Per threshold, (box, prediction) pairs of the same class with IoU >= t, taken greedily in decreasing IoU, each
   // box and each prediction at most once. Ultralytics' match_predictions sorts the same way but then keeps one
@@ -104,20 +109,24 @@ void DetectionMetrics::add_image(const std::vector<Detection>& dets, const std::
   preds_.insert(preds_.end(), ps.begin(), ps.end());
 }
 
+double np_interp(double x, const std::vector<double>& xp, const std::vector<double>& fp, double left, double right) {
+  if (x < xp.front()) return left;
+  if (x > xp.back()) return right;
+  const size_t j = static_cast<size_t>(std::upper_bound(xp.begin(), xp.end(), x) - xp.begin()) - 1;  // xp[j] <= x
+  if (j + 1 == xp.size() || xp[j] == x) return fp[j];
+  const double slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j]);
+  return slope * (x - xp[j]) + fp[j];
+}
+
 double average_precision(const std::vector<double>& recall, const std::vector<double>& precision) {
   std::vector<double> mrec{0.0}, mpre{1.0};
   mrec.insert(mrec.end(), recall.begin(), recall.end());
   mpre.insert(mpre.end(), precision.begin(), precision.end());
   mrec.push_back(1.0), mpre.push_back(0.0);
   for (size_t i = mpre.size() - 1; i > 0; --i) mpre[i - 1] = std::max(mpre[i - 1], mpre[i]);  // envelope
-  // np.interp(x, mrec, mpre) at x = 0, 0.01, ..., 1, then np.trapz.
-  auto interp = [&](double x) {
-    if (x <= mrec.front()) return mpre.front();
-    if (x >= mrec.back()) return mpre.back();
-    const size_t j = static_cast<size_t>(std::upper_bound(mrec.begin(), mrec.end(), x) - mrec.begin());
-    const double x0 = mrec[j - 1], x1 = mrec[j];
-    return x1 == x0 ? mpre[j] : mpre[j - 1] + (mpre[j] - mpre[j - 1]) * (x - x0) / (x1 - x0);
-  };
+  // np.interp(x, mrec, mpre) at x = 0, 0.01, ..., 1, then np.trapz. When the top prediction is a miss, recall 0
+  // repeats and numpy reads the last of those points at x = 0 (the envelope there, not the leading 1).
+  auto interp = [&](double x) { return np_interp(x, mrec, mpre, mpre.front(), mpre.back()); };
   double ap = 0, prev = interp(0.0);
   for (int i = 1; i <= 100; ++i) {
     const double y = interp(i / 100.0);
@@ -152,6 +161,64 @@ std::vector<std::vector<double>> DetectionMetrics::ap_per_class() const {
   return out;
 }
 
+DetectionMetrics::Summary DetectionMetrics::summary() const {
+  const std::vector<std::vector<double>> ap = ap_per_class();  // rows: the classes with boxes, in class order
+  std::vector<size_t> order(preds_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return preds_[a].score > preds_[b].score; });
+  constexpr int kPoints = 1000;  // np.linspace(0, 1, 1000)
+  Summary out;
+  std::vector<std::vector<double>> pc, rc;  // per class with boxes: precision and recall at each confidence point
+  for (int64_t c = 0; c < nc_; ++c) {
+    const int64_t n = gt_count_[static_cast<size_t>(c)];
+    if (n == 0) continue;
+    const std::vector<double>& row = ap[out.classes.size()];
+    ClassSummary cs;
+    cs.cls = c, cs.images = gt_images_[static_cast<size_t>(c)], cs.instances = n;
+    cs.map50 = row[0];
+    cs.map50_95 = std::accumulate(row.begin(), row.end(), 0.0) / static_cast<double>(kThresholds);
+    out.classes.push_back(cs);
+    // Curves over -confidence (increasing, as np.interp needs) at IoU 0.5; a class without predictions keeps
+    // all-zero curves (Ultralytics' zero rows), which still count in the mean F1.
+    std::vector<double> neg_conf, rec, prec;
+    double tp = 0, fp = 0;
+    for (size_t i : order) {
+      if (preds_[i].cls != c) continue;
+      (preds_[i].tp[0] ? tp : fp) += 1;
+      neg_conf.push_back(-static_cast<double>(preds_[i].score));
+      rec.push_back(tp / (static_cast<double>(n) + 1e-16));
+      prec.push_back(tp / (tp + fp));
+    }
+    std::vector<double> p(kPoints, 0.0), r(kPoints, 0.0);
+    if (!neg_conf.empty())
+      for (int k = 0; k < kPoints; ++k) {
+        const double x = -static_cast<double>(k) / (kPoints - 1);
+        p[static_cast<size_t>(k)] = np_interp(x, neg_conf, prec, 1.0, prec.back());
+        r[static_cast<size_t>(k)] = np_interp(x, neg_conf, rec, 0.0, rec.back());
+      }
+    pc.push_back(std::move(p));
+    rc.push_back(std::move(r));
+  }
+  if (out.classes.empty()) return out;
+  std::vector<double> f1(kPoints, 0.0);
+  for (size_t c = 0; c < pc.size(); ++c)
+    for (size_t k = 0; k < kPoints; ++k) f1[k] += 2 * pc[c][k] * rc[c][k] / (pc[c][k] + rc[c][k] + 1e-16);
+  for (double& v : f1) v /= static_cast<double>(pc.size());
+  // smooth(y, 0.1): a box filter of nf = round(1000 * 0.1 * 2) // 2 + 1 = 101 points over y padded with its end
+  // values. Each window is summed on its own in one order, so equal windows give equal sums (ties stay ties).
+  constexpr int kHalf = 50;
+  size_t best = 0;
+  double best_v = -1;
+  for (int k = 0; k < kPoints; ++k) {
+    double sum = 0;
+    for (int j = -kHalf; j <= kHalf; ++j) sum += f1[static_cast<size_t>(std::clamp(k + j, 0, kPoints - 1))] * (1.0 / (2 * kHalf + 1));
+    if (sum > best_v) best_v = sum, best = static_cast<size_t>(k);
+  }
+  out.confidence = static_cast<double>(best) / (kPoints - 1);
+  for (size_t c = 0; c < out.classes.size(); ++c) out.classes[c].precision = pc[c][best], out.classes[c].recall = rc[c][best];
+  return out;
+}
+
 double DetectionMetrics::map50() const {
   const auto ap = ap_per_class();
   double s = 0;
@@ -165,6 +232,40 @@ double DetectionMetrics::map50_95() const {
   for (const auto& r : ap)
     for (double v : r) s += v;
   return ap.empty() ? 0.0 : s / static_cast<double>(ap.size() * kThresholds);
+}
+
+// The per-class table, as Ultralytics' validator prints it after training (classes with boxes only).
+EvalDetails per_class_details(const DetectionMetrics& metrics, const std::vector<std::string>& class_names) {
+  const DetectionMetrics::Summary s = metrics.summary();
+  auto name = [&](int64_t c) {
+    return c < static_cast<int64_t>(class_names.size()) ? class_names[static_cast<size_t>(c)]
+                                                        : "class" + std::to_string(c);
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  size_t width = 5;
+  int64_t instances = 0;
+  double mp = 0, mr = 0, m50 = 0, m5095 = 0;
+  for (const auto& c : s.classes) {
+    rows.push_back({{"class", c.cls}, {"name", name(c.cls)}, {"images", c.images}, {"instances", c.instances},
+                    {"precision", c.precision}, {"recall", c.recall}, {"map50", c.map50}, {"map50_95", c.map50_95}});
+    width = std::max(width, name(c.cls).size());
+    instances += c.instances;
+    mp += c.precision, mr += c.recall, m50 += c.map50, m5095 += c.map50_95;
+  }
+  const double n = std::max<double>(static_cast<double>(s.classes.size()), 1);
+  std::string text = fmt::format("per class ({} images; precision and recall at IoU 0.5 and confidence {:.3f}, where "
+                                 "the class-mean F1 peaks):\n", metrics.images(), s.confidence);
+  auto line = [&](const std::string& nm, int64_t images, int64_t inst, double p, double r, double a, double b) {
+    text += fmt::format("  {:<{}}  {:>7}  {:>9}  {:>9.3f}  {:>6.3f}  {:>6.3f}  {:>8.3f}\n", nm, width, images, inst, p,
+                        r, a, b);
+  };
+  text += fmt::format("  {:<{}}  {:>7}  {:>9}  {:>9}  {:>6}  {:>6}  {:>8}\n", "class", width, "images", "instances",
+                      "precision", "recall", "mAP50", "mAP50-95");
+  line("all", metrics.images(), instances, mp / n, mr / n, m50 / n, m5095 / n);
+  for (const auto& c : s.classes)
+    line(name(c.cls), c.images, c.instances, c.precision, c.recall, c.map50, c.map50_95);
+  nlohmann::json j = {{"per_class", rows}, {"per_class_confidence", s.confidence}};
+  return {j.dump(), text};
 }
 
 // ---- the task ----------------------------------------------------------------------------------------------------
@@ -215,6 +316,7 @@ class DetectionEvaluator final : public Evaluator {
     out.push_back({"map50_95", metrics_ ? metrics_->map50_95() : 0.0, true});
     return out;
   }
+  EvalDetails details() override { return metrics_ ? per_class_details(*metrics_, opt_.class_names) : EvalDetails{}; }
 
  private:
   DetectionTaskOptions opt_;

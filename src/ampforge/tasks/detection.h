@@ -5,7 +5,8 @@
 //   by IoU (a prediction and a box matched once, same class); per class AP = area under the precision envelope
 //   sampled at 101 recall points (trapezoid, Ultralytics' compute_ap "interp"); mAP over the classes that have
 //   boxes. Reported: map50, map50_95 (fractions), loss and its parts (box_loss, cls_loss, dfl_loss: mean per
-//   batch, gains applied, not multiplied by the batch size — Ultralytics' loss items).
+//   batch, gains applied, not multiplied by the batch size — Ultralytics' loss items). The evaluator's details
+//   (Evaluator::details) are the per-class table Ultralytics' validator prints: DetectionMetrics::summary().
 // Batches carry targets (B, T, 5) rows (class, cx, cy, w, h) normalised to the example (data::Batch::targets).
 // The model must be a models::DetectionModel.
 //
@@ -26,6 +27,7 @@ struct DetectionTaskOptions {
   double nms_iou = 0.7;
   int64_t max_det = 300;
   int64_t max_nms = 30000;   // candidates kept (by score) before NMS
+  std::vector<std::string> class_names;  // for the per-class table; empty (or short): "class<i>"
 };
 
 // One detection: xyxy pixels of the model's input, class, score.
@@ -44,13 +46,31 @@ std::vector<Detection> non_max_suppression(const float* decoded, int64_t num_cla
 class DetectionMetrics {
  public:
   static constexpr int kThresholds = 10;  // IoU 0.50, 0.55, ..., 0.95
-  explicit DetectionMetrics(int64_t num_classes) : nc_(num_classes), gt_count_(static_cast<size_t>(num_classes), 0) {}
+  explicit DetectionMetrics(int64_t num_classes)
+      : nc_(num_classes), gt_count_(static_cast<size_t>(num_classes), 0), gt_images_(static_cast<size_t>(num_classes), 0) {}
   void add_image(const std::vector<Detection>& dets, const std::vector<Detection>& truth);  // truth: score unused
   // (classes with at least one box) x kThresholds AP; map50() and map50_95() average it.
   std::vector<std::vector<double>> ap_per_class() const;
   double map50() const;
   double map50_95() const;
   int64_t images() const { return images_; }
+
+  // Ultralytics' per-class summary (metrics.ap_per_class, printed by its validator) for the classes with at least
+  // one box, in class order. Precision and recall are read, at IoU 0.5, from curves over the confidence
+  // c = 0, 1/999, ..., 1 (np.interp of each class's cumulative precision and recall in score order; precision 1
+  // and recall 0 above its highest score), all at the one confidence whose class-mean F1 = 2PR / (P + R),
+  // smoothed by a 101-point box filter (Ultralytics' smooth(f1, 0.1)), is the highest (the first on ties).
+  struct ClassSummary {
+    int64_t cls = 0;
+    int64_t images = 0;     // images with at least one box of the class
+    int64_t instances = 0;  // its boxes
+    double precision = 0, recall = 0, map50 = 0, map50_95 = 0;
+  };
+  struct Summary {
+    std::vector<ClassSummary> classes;
+    double confidence = 0;  // where precision and recall were read
+  };
+  Summary summary() const;
 
  private:
   struct Pred {
@@ -59,13 +79,22 @@ class DetectionMetrics {
     bool tp[kThresholds];
   };
   int64_t nc_, images_ = 0;
-  std::vector<int64_t> gt_count_;
+  std::vector<int64_t> gt_count_, gt_images_;  // boxes, and images with a box, per class
   std::vector<Pred> preds_;
 };
+
+// The evaluator's details: the per-class table of summary() with "all" first (images evaluated, every box, the mean
+// of each column), and as JSON {"per_class": [{"class", "name", "images", "instances", "precision", "recall",
+// "map50", "map50_95"}, ...], "per_class_confidence": c}. Names from class_names, else "class<i>".
+EvalDetails per_class_details(const DetectionMetrics& metrics, const std::vector<std::string>& class_names);
 
 // Ultralytics' compute_ap: recall and precision in score order -> the area under the monotone precision envelope,
 // sampled at 101 recall points, by the trapezoid rule.
 double average_precision(const std::vector<double>& recall, const std::vector<double>& precision);
+
+// np.interp(x, xp, fp, left, right) for a non-decreasing xp: left below xp[0], right above xp.back(); on a run of
+// equal xp values, the last one's fp (numpy's search takes the last j with xp[j] <= x).
+double np_interp(double x, const std::vector<double>& xp, const std::vector<double>& fp, double left, double right);
 
 class DetectionTask final : public Task {
  public:

@@ -9,6 +9,9 @@
 //    capture it in a CUDA graph (so the same shapes must issue the same operations every call).
 //  - An Evaluator is made per evaluation. `add` is called in eval mode under no-grad and the loop's
 //    autocast; it keeps its sums as tensors on the batch's device. `result` reads them once.
+//  - `details` (optional) is asked after `result`: what an evaluation has beyond its scalar metrics (detection's
+//    per-class table). The loop keeps the last evaluation's in TrainResult; `ampforge train` prints the text on
+//    stderr and adds the JSON object's members to its --json summary, without knowing the task.
 #pragma once
 
 #include <cmath>
@@ -36,11 +39,18 @@ inline double metric_value(const Metrics& m, const std::string& name) {
   return std::nan("");
 }
 
+// An evaluation's details for people and programs; both empty when the task has none.
+struct EvalDetails {
+  std::string json;  // a JSON object (text) whose members go into `ampforge train --json`'s summary
+  std::string text;  // a table for people, printed after training
+};
+
 class Evaluator {
  public:
   virtual ~Evaluator() = default;
   virtual void add(nn::Module& model, const data::Batch& batch) = 0;
   virtual Metrics result() = 0;
+  virtual EvalDetails details() { return {}; }  // called after result()
 };
 
 class Task {

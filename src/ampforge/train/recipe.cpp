@@ -83,6 +83,21 @@ void validate(const TrainConfig& c) {
            c.label_smoothing);
   if (c.schedule != "auto") optim::schedule_from_string(c.schedule);
   nan_policy_from_string(c.nan_policy);
+  AF_CHECK(c.mosaic == -1 || (c.mosaic >= 0 && c.mosaic <= 1), "--mosaic must be a probability in [0, 1], got {}",
+           c.mosaic);
+  AF_CHECK(c.close_mosaic >= 0, "--close-mosaic must be >= 0 epochs, got {}", c.close_mosaic);
+  AF_CHECK(c.mosaic < 0 || c.dataset == "detection", "--mosaic is for --dataset detection (YOLOv8 models)");
+  // Ultralytics leaves mosaic on for the whole run then (its switch-off epoch never comes); a flag that does
+  // nothing is worse: say so.
+  AF_CHECK(!(c.mosaic > 0) || c.close_mosaic < c.epochs, "--mosaic {} with --close-mosaic {} >= --epochs {} would "
+           "never make a mosaic: lower --close-mosaic", c.mosaic, c.close_mosaic, c.epochs);
+}
+
+// The detection default of --mosaic: it depends on the epochs only, so make_datasets can use it before the rest of
+// the config is resolved (resolve_auto).
+double resolved_mosaic(const TrainConfig& c, bool detection) {
+  if (c.mosaic >= 0) return c.mosaic;
+  return detection && c.epochs > c.close_mosaic ? 1.0 : 0.0;
 }
 
 Device parse_device(const std::string& s) {
@@ -109,6 +124,7 @@ nlohmann::json config_json(const TrainConfig& c) {
           {"momentum", c.momentum}, {"nesterov", c.nesterov}, {"clip_grad_norm", c.clip_grad_norm}, {"lrf", c.lrf},
           {"nbs", c.nbs}, {"warmup_bias_lr", c.warmup_bias_lr}, {"warmup_momentum", c.warmup_momentum},
           {"ema", c.ema}, {"ema_decay", c.ema_decay}, {"ema_tau", c.ema_tau},
+          {"mosaic", c.dataset == "detection" ? resolved_mosaic(c, true) : 0.0}, {"close_mosaic", c.close_mosaic},
           {"world_size", dist::detect_world().size}};
 }
 
@@ -145,6 +161,8 @@ Datasets make_datasets(const TrainConfig& cfg, int64_t channels) {
     o.augment = false;
     auto test = std::make_shared<data::YoloDetectionDataset>(spec.val, spec.names, o);
     o.augment = true;
+    o.mosaic = resolved_mosaic(cfg, true);
+    o.close_mosaic_epoch = cfg.epochs - cfg.close_mosaic;  // <= 0 only with mosaic 0 (validate)
     d.train = std::make_shared<data::YoloDetectionDataset>(spec.train, spec.names, o);
     d.test = test;
     AF_CHECK(channels == 3, "--dataset detection gives RGB images; --model {} takes {} channel(s)", cfg.model, channels);
@@ -281,6 +299,7 @@ TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_
   if (c.lrf < 0) c.lrf = det ? 0.01 : 0.0;
   if (c.clip_grad_norm < 0) c.clip_grad_norm = det ? 10.0 : 0.0;
   if (c.ema == "auto") c.ema = det ? "on" : "off";
+  c.mosaic = resolved_mosaic(c, det);
   if (c.momentum < 0) c.momentum = det ? 0.937 : 0.9;
   if (det && c.weight_decay < 0) c.weight_decay = 5e-4;
   if (c.optimizer == "auto") {
@@ -463,7 +482,10 @@ TrainResult train(const TrainConfig& config) {
 
   std::shared_ptr<tasks::Task> task;
   if (entry.task == "detection") {
-    task = std::make_shared<tasks::DetectionTask>();
+    tasks::DetectionTaskOptions dto;
+    if (const auto* yolo = dynamic_cast<const data::YoloDetectionDataset*>(ds.test.get()))
+      dto.class_names = yolo->class_names();  // the data file's names, for the per-class table
+    task = std::make_shared<tasks::DetectionTask>(dto);
     // Detection evaluation keeps every image's activations of a large batch: cap it.
     to_eval_batch_cap = 32;
   } else if (masked_lm) {
@@ -493,11 +515,13 @@ TrainResult train(const TrainConfig& config) {
   if (detection && cfg.verbose)
     std::fprintf(stderr, "recipe (Ultralytics 8.x defaults unless given): %s lr %g%s, weight decay %g x %lld / %lld, "
                  "%s schedule to lr x %g, warm-up %lld steps (bias lr from %g%s), accumulate %lld (summed), clip %g, "
-                 "EMA %s\n", cfg.optimizer.c_str(), effective_lr(cfg), cfg.nesterov ? " nesterov" : "", cfg.weight_decay,
+                 "EMA %s, mosaic %s\n", cfg.optimizer.c_str(), effective_lr(cfg), cfg.nesterov ? " nesterov" : "", cfg.weight_decay,
                  static_cast<long long>(cfg.batch_size * cfg.accumulate), static_cast<long long>(cfg.nbs),
                  cfg.schedule.c_str(), cfg.lrf, static_cast<long long>(cfg.warmup_steps), cfg.warmup_bias_lr,
                  to.schedule.warmup_momentum >= 0 ? fmt::format(", momentum from {}", cfg.warmup_momentum).c_str() : "",
-                 static_cast<long long>(cfg.accumulate), cfg.clip_grad_norm, cfg.ema.c_str());
+                 static_cast<long long>(cfg.accumulate), cfg.clip_grad_norm, cfg.ema.c_str(),
+                 cfg.mosaic > 0 ? fmt::format("{} (none in the last {} epochs)", cfg.mosaic, cfg.close_mosaic).c_str()
+                                : "off");
   to.loader = lo;
   if (to_eval_batch_cap > 0) elo.batch_size = std::min(elo.batch_size, to_eval_batch_cap);
   to.eval_loader = elo;

@@ -27,8 +27,13 @@ struct TrainConfig {
   // --dataset detection (YOLOv8 models): a YOLO-format data file (data/yolo_dataset.h), or
   // "fashion-mnist-detection": the set composed from Fashion-MNIST (written once into data_dir, default
   // ./fashion-mnist-detection, then read back by the same reader). Examples are letterboxed to image_size
-  // (default 320); training examples are flipped at random.
+  // (default 320); training examples are flipped at random, HSV-jittered and (mosaic) made mosaics of four.
   std::string detection_data = "fashion-mnist-detection";
+  // Detection: the probability that a training example is a mosaic of four images (data/yolo_dataset.h); none in
+  // the last close_mosaic epochs. < 0 auto: 1.0 (Ultralytics' mosaic) when epochs > close_mosaic, else 0 (a run
+  // that short would have no epoch without mosaic before its final evaluation).
+  double mosaic = -1;
+  int64_t close_mosaic = 10;
   int64_t image_size = 0;                  // 0: the data set's own (28 for MNIST; 224 for image folders)
   std::string weights;                     // initialise the model from this safetensors file, by name
   int64_t epochs = 5;

@@ -109,8 +109,9 @@ void validate(const TrainerOptions& o) {
 
 // One evaluation pass: eval mode, no graph, the run's autocast; the task's evaluator keeps the sums.
 // With a weight average, the pass runs on the averaged weights (the model's own come back afterwards).
+// The evaluator's details (tasks::Evaluator::details) go to `details`.
 tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& loader, DType precision,
-                        const ModelEma* ema) {
+                        const ModelEma* ema, tasks::EvalDetails& details) {
   profiler::Range eval_range("eval", profiler::RangeKind::Phase);
   autograd::NoGradGuard ng;
   std::optional<ModelEma::Applied> averaged;
@@ -123,7 +124,9 @@ tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& 
     ev->add(model, *b);
   }
   model.train();
-  return ev->result();
+  tasks::Metrics m = ev->result();
+  details = ev->details();
+  return m;
 }
 
 // Rank 0's metrics on every rank (only rank 0 evaluates in a data-parallel run).
@@ -235,10 +238,11 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.rank = rank;
   std::optional<ModelEma> ema;
   if (o_.ema.enabled) ema.emplace(model, o_.ema);
-  // Rank 0 alone evaluates in a data-parallel run; the others receive its metrics. With a weight average, on it.
+  // Rank 0 alone evaluates in a data-parallel run; the others receive its metrics (not its details). With a
+  // weight average, on it.
   auto run_eval = [&] {
     tasks::Metrics m;
-    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr);
+    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
     return dp ? broadcast_metrics(dp->comm(), m) : m;
   };
   CheckpointPosition pos;

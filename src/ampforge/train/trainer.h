@@ -80,6 +80,8 @@ struct TrainResult {
   tasks::Metrics eval;
   std::vector<tasks::Metrics> epoch_eval;
   std::string primary_metric;
+  // The last evaluation's details (tasks::Evaluator::details, e.g. detection's per-class table); rank 0's only.
+  tasks::EvalDetails eval_details;
   // Classification's "accuracy" and "loss" of the last evaluation (0 when the task has none), and the
   // accuracy after each epoch: the figures `ampforge train` has always reported.
   double test_accuracy = 0, test_loss = 0, final_train_loss = 0;

@@ -323,6 +323,7 @@ TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
   EXPECT_EQ(r.ema, "on");
   EXPECT_DOUBLE_EQ(r.momentum, 0.937);
   EXPECT_DOUBLE_EQ(r.weight_decay, 5e-4);
+  EXPECT_EQ(r.mosaic, 0.0) << "3 epochs <= close_mosaic 10: no epoch would be without mosaic";
   // COCO-sized: 118,287 images x 100 epochs -> SGD lr 0.01 nesterov; 80 classes would give AdamW 0.000119.
   r = train::resolve_auto(c, "detection", 118287, 7393, 80);
   EXPECT_EQ(r.optimizer, "adamw") << "3 epochs of COCO: 5,547 iterations";
@@ -333,6 +334,10 @@ TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
   EXPECT_DOUBLE_EQ(r.lr, 0.01);
   EXPECT_TRUE(r.nesterov);
   EXPECT_DOUBLE_EQ(r.warmup_bias_lr, 0.1);
+  EXPECT_EQ(r.mosaic, 1.0) << "Ultralytics' mosaic 1.0 when epochs > close_mosaic";
+  c.close_mosaic = 100;
+  EXPECT_EQ(train::resolve_auto(c, "detection", 2000, 125, 10).mosaic, 0.0);
+  c.close_mosaic = 10;
   // Given values are kept; other tasks get the plain defaults.
   c.optimizer = "sgd";
   c.lr = 0.02;
@@ -343,8 +348,11 @@ TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
   EXPECT_DOUBLE_EQ(r.lr, 0.02);
   EXPECT_EQ(r.accumulate, 1);
   EXPECT_EQ(r.ema, "off");
+  c.mosaic = 0.25;
+  EXPECT_EQ(train::resolve_auto(c, "detection", 2000, 125, 10).mosaic, 0.25);
   train::TrainConfig plain;
   r = train::resolve_auto(plain, "classification", 60000, 469, 10);
+  EXPECT_EQ(r.mosaic, 0.0);
   EXPECT_EQ(r.optimizer, "adamw");
   EXPECT_EQ(r.accumulate, 1);
   EXPECT_EQ(r.schedule, "cosine");
