@@ -21,6 +21,13 @@
 #    run, and the way to test every distributed code path on one machine. Optional (AMPFORGE_MPI=AUTO: on
 #    when found; scripts/setup installs it, so CI has it); without it, data parallel runs on GPUs (NCCL,
 #    loaded at run time) only.
+#  - oneDNN (libdnnl-dev): the CPU convolutions (forward, input and weight gradients) of
+#    backends/cpu/conv_onednn.cpp: direct AVX-512 / AVX512_BF16 / AMX kernels chosen for the running CPU,
+#    where im2col + OpenBLAS spends its time packing columns and converting BF16 to F32. The library PyTorch's
+#    CPU convolutions run on (Debian's PyTorch 1.13 links this very libdnnl 2.6). Optional
+#    (AMPFORGE_ONEDNN=AUTO: on when found; scripts/setup installs it): without it convolutions run on
+#    im2col + OpenBLAS. Debian builds it on OpenMP (libgomp), so libgomp is linked too: ampforge sets
+#    oneDNN's thread count through omp_set_num_threads.
 #  - GoogleTest / Google Benchmark: tests and micro-benchmarks.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
@@ -51,6 +58,31 @@ if(NOT AMPFORGE_MPI STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "ampforge: MPI ${AMPFORGE_WITH_MPI} ${MPI_C_VERSION}")
+# oneDNN: Debian's libdnnl-dev ships a CMake package (DNNL::dnnl; its config also finds OpenCL, the GPU
+# runtime Debian built it with) and no pkg-config file. Only the OpenMP CPU runtime is supported here:
+# conv_onednn.cpp sets the thread count with omp_set_num_threads (a threadpool or TBB build would need
+# another hook), so a build on another runtime is treated as not found.
+set(AMPFORGE_WITH_ONEDNN OFF)
+if(NOT AMPFORGE_ONEDNN STREQUAL "OFF")
+  find_package(dnnl 2.6 CONFIG QUIET)
+  set(_af_onednn_why "")
+  if(NOT dnnl_FOUND)
+    set(_af_onednn_why "libdnnl-dev (dnnl CMake package >= 2.6) not found")
+  elseif(NOT DNNL_CPU_RUNTIME STREQUAL "OMP")
+    set(_af_onednn_why "oneDNN ${dnnl_VERSION} uses the ${DNNL_CPU_RUNTIME} CPU runtime; ampforge supports OMP")
+  else()
+    find_package(OpenMP COMPONENTS CXX)
+    if(NOT OpenMP_gomp_LIBRARY)
+      set(_af_onednn_why "libgomp (OpenMP runtime of oneDNN) not found")
+    endif()
+  endif()
+  if(_af_onednn_why STREQUAL "")
+    set(AMPFORGE_WITH_ONEDNN ON)
+  elseif(AMPFORGE_ONEDNN STREQUAL "ON")
+    message(FATAL_ERROR "AMPFORGE_ONEDNN=ON: ${_af_onednn_why}")
+  endif()
+endif()
+message(STATUS "ampforge: oneDNN CPU convolutions ${AMPFORGE_WITH_ONEDNN} ${dnnl_VERSION}")
 if(AMPFORGE_BUILD_BENCH)
   find_package(benchmark QUIET)
 endif()
@@ -199,6 +231,10 @@ if(AMPFORGE_WITH_CUDA)  # CUDA::cudart, CUDA::cublasLt (shared)
 endif()
 if(AMPFORGE_WITH_CUDNN)
   ampforge_package_dependency(PRIVATE FILE ${AMPFORGE_CUDNN_LIBRARY})
+endif()
+if(AMPFORGE_WITH_ONEDNN)  # DNNL::dnnl (shared) and libgomp by file (src/CMakeLists.txt)
+  ampforge_package_dependency(PRIVATE FIND dnnl ${dnnl_VERSION} CONFIG LIBS -ldnnl)
+  ampforge_package_dependency(PRIVATE FILE ${OpenMP_gomp_LIBRARY})
 endif()
 if(AMPFORGE_WITH_MPI)  # libmpi linked by file (src/CMakeLists.txt says why)
   foreach(_af_mpi_lib ${MPI_C_LIBRARIES})

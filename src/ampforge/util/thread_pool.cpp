@@ -21,6 +21,7 @@ namespace ampforge {
 namespace {
 
 thread_local bool t_in_parallel = false;
+std::atomic<int> g_idle_scopes{0};  // live PoolIdleScope objects: workers do not spin while > 0
 
 class ThreadPool {
  public:
@@ -126,7 +127,8 @@ class ThreadPool {
     for (;;) {
       // Spin a little, then sleep.
       int spins = 0;
-      while (generation_.load(std::memory_order_acquire) == seen && spins < 20000) {
+      while (generation_.load(std::memory_order_acquire) == seen && spins < 20000 &&
+             g_idle_scopes.load(std::memory_order_relaxed) == 0) {
         ++spins;
 #if defined(__x86_64__)
         __builtin_ia32_pause();
@@ -189,5 +191,8 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 }
 
 bool in_parallel_region() { return t_in_parallel; }
+
+PoolIdleScope::PoolIdleScope() { g_idle_scopes.fetch_add(1, std::memory_order_relaxed); }
+PoolIdleScope::~PoolIdleScope() { g_idle_scopes.fetch_sub(1, std::memory_order_relaxed); }
 
 }  // namespace ampforge

@@ -23,4 +23,17 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // True when the caller is a pool worker (or inside a parallel region).
 bool in_parallel_region();
 
+// While one is alive (on any thread), idle pool workers sleep at once instead of spinning for the next
+// parallel_for first. For code that runs on threads of its own (oneDNN's OpenMP team): a worker spinning
+// in its ~1 ms window would share a core with those threads and slow them down as a third thread on two
+// cores would. Scopes nest and may overlap across threads. The price: the first parallel_for after the
+// scope wakes its workers through the condition variable (tens of microseconds).
+class PoolIdleScope {
+ public:
+  PoolIdleScope();
+  ~PoolIdleScope();
+  PoolIdleScope(const PoolIdleScope&) = delete;
+  PoolIdleScope& operator=(const PoolIdleScope&) = delete;
+};
+
 }  // namespace ampforge

@@ -1,5 +1,9 @@
 // CPU convolution: conv2d forward and its input and weight gradients, as im2col + GEMM (gemm.h).
 //
+// The kernels at the end first offer the problem to oneDNN (conv_onednn.h) when the build has it and
+// AMPFORGE_CPU_CONV does not say im2col; what oneDNN cannot run well (F64, F16, problems with only a
+// reference kernel there) comes back here. Everything below this comment is the im2col path.
+//
 // One layout inside: channels-last (NHWC). im2col rows are output pixels (n, oh, ow) and columns are
 // (kh, kw, c), so
 //   forward          out[rows, C_out]   = col[rows, K] @ Wm^T           (the GEMM result IS the NHWC output)
@@ -33,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/gemm.h"
 #include "ampforge/backends/cpu/loops.h"
 #include "ampforge/backends/cpu/register.h"
@@ -558,24 +563,32 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+// oneDNN first (see the header comment), im2col when it declines or AMPFORGE_CPU_CONV=im2col.
+bool use_onednn() { return onednn_built() && cpu_conv_path() == CpuConvPath::OneDnn; }
+
 // inputs: x, weight[, bias]; outputs: y.
 void conv2d_kernel(const KernelArgs& k) {
   const Tensor* bias = k.inputs.size() > 2 && k.in(2).defined() ? &k.in(2) : nullptr;
+  const auto& a = k.attr<Conv2dAttrs>();
+  if (use_onednn() && onednn_conv2d_forward(k.in(0), k.in(1), bias, k.out(0), a)) return;
   visit_float(k.out(0).dtype(), "conv2d",
-              [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), k.attr<Conv2dAttrs>()); });
+              [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
 }
 
 // inputs: grad_out, weight; outputs: grad_in.
 void conv2d_backward_input_kernel(const KernelArgs& k) {
+  const auto& a = k.attr<Conv2dAttrs>();
+  if (use_onednn() && onednn_conv2d_backward_input(k.in(0), k.in(1), k.out(0), a)) return;
   visit_float(k.out(0).dtype(), "conv2d_backward_input",
-              [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), k.attr<Conv2dAttrs>()); });
+              [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
 }
 
 // inputs: grad_out, x; outputs: grad_weight.
 void conv2d_backward_weight_kernel(const KernelArgs& k) {
-  visit_float(k.out(0).dtype(), "conv2d_backward_weight", [&](auto tag) {
-    conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), k.attr<Conv2dAttrs>());
-  });
+  const auto& a = k.attr<Conv2dAttrs>();
+  if (use_onednn() && onednn_conv2d_backward_weight(k.in(0), k.in(1), k.out(0), a)) return;
+  visit_float(k.out(0).dtype(), "conv2d_backward_weight",
+              [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+// CPU convolution on oneDNN (libdnnl): conv2d forward and its input and weight gradients, called by the
+// kernels of conv.cpp before their im2col + GEMM path. Why, and how the threads are shared: see
+// conv_onednn.cpp and docs/ARCHITECTURE.md ("CPU kernels").
+//
+// Which path runs: AMPFORGE_CPU_CONV=onednn (the default in a build with oneDNN) or im2col, read at every
+// call so that a test or an A/B measurement can switch it. A problem oneDNN has no fast kernel for (F64,
+// F16 in oneDNN 2.6, a problem for which it offers only its reference implementation) runs on im2col
+// whatever the variable says.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ampforge/core/attrs.h"
+#include "ampforge/core/tensor.h"
+
+namespace ampforge::cpu {
+
+enum class CpuConvPath { Im2col, OneDnn };
+
+// Whether this build has oneDNN (CMake option AMPFORGE_ONEDNN).
+bool onednn_built();
+// The path AMPFORGE_CPU_CONV asks for: unset or empty is OneDnn when built, else Im2col. "onednn" in a
+// build without oneDNN, or any other value, raises InvalidArgument naming the variable.
+CpuConvPath cpu_conv_path();
+
+// oneDNN convolution primitives executed by this process so far (all three directions), for the tests
+// that check which path ran.
+int64_t onednn_conv_executions();
+// The oneDNN implementation that ran (or would run) the last problem handed to the functions below, e.g.
+// "brgconv:avx512_core_amx" or "jit:avx512_core"; empty before any or when none was usable.
+std::string onednn_last_impl();
+
+// Each runs the problem on oneDNN and returns true, or returns false without touching the outputs when
+// oneDNN offers no usable kernel for it (the caller then runs im2col). Same contract as conv.cpp's kernels:
+// x, y, gy, gx 4-D and each contiguous or channels-last; weight (Co, C/groups, kH, kW) any strides.
+bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
+                           const Conv2dAttrs& a);
+bool onednn_conv2d_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, const Conv2dAttrs& a);
+bool onednn_conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, const Conv2dAttrs& a);
+
+}  // namespace ampforge::cpu

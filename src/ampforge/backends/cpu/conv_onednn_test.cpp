@@ -1,0 +1,194 @@
+// Tests of the oneDNN convolution path (conv_onednn.h) against the im2col path (conv.cpp), through the ops:
+//   - AMPFORGE_CPU_CONV switches the path (the oneDNN execution counter moves, or does not), and a bad value
+//     or "onednn" in a build without oneDNN is a clear error;
+//   - forward, input gradient and weight gradient of both paths agree on random problems (strides, padding,
+//     dilation, groups, depthwise, 1x1, NCHW and NHWC, channels-last weights) within the tolerance table of
+//     core/tolerance.h: F32 at the F32 row, BF16 at the BF16 row;
+//   - F32 and BF16 problems of those shapes really run on oneDNN (no silent fallback); F64 falls back.
+// Without oneDNN in the build, the comparison tests skip and the error test checks the message.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ampforge/backends/cpu/conv_onednn.h"
+#include "ampforge/core/tolerance.h"
+#include "ampforge/dist/dist_test_util.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/util/thread_pool.h"
+
+using namespace ampforge;
+using ampforge::dist::testing::ScopedEnv;
+
+namespace {
+
+constexpr MemoryFormat kNCHW = MemoryFormat::Contiguous;
+constexpr MemoryFormat kNHWC = MemoryFormat::ChannelsLast;
+
+Generator& gen() {
+  static Generator g(777);
+  return g;
+}
+
+// Random normal values in dtype and layout mf (an exact copy with mf's strides, also for size-1 dims).
+Tensor rnd(const Shape& s, DType dt, MemoryFormat mf = kNCHW) {
+  Tensor v = ops::to_dtype(ops::randn(s, DType::F32, kCPU, &gen()), dt);
+  Tensor o = Tensor::empty(s, dt, kCPU, mf);
+  ops::copy_(o, v);
+  return o;
+}
+
+Conv2dAttrs attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
+  Conv2dAttrs a;
+  a.stride[0] = sh, a.stride[1] = sw, a.padding[0] = ph, a.padding[1] = pw;
+  a.dilation[0] = dh, a.dilation[1] = dw, a.groups = groups;
+  return a;
+}
+
+struct Case {
+  const char* name;
+  int64_t N, C, H, W, Co, KH, KW;
+  Conv2dAttrs a;
+  bool bias;
+};
+
+// The reductions stay short (<= ~300 terms per output, per input-gradient and per weight-gradient element),
+// the range the F32 row of the tolerance table is derived for.
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"3x3", 2, 8, 9, 8, 16, 3, 3, attrs(1, 1, 1, 1, 1, 1, 1), true},
+      {"3x3_stride2", 2, 16, 10, 9, 8, 3, 3, attrs(2, 2, 1, 1, 1, 1, 1), false},
+      {"stem_7x7_stride2", 2, 3, 15, 14, 8, 7, 7, attrs(2, 2, 3, 3, 1, 1, 1), true},
+      {"dilation2", 1, 8, 10, 11, 8, 3, 3, attrs(1, 1, 2, 2, 2, 2, 1), true},
+      {"asymmetric", 2, 4, 9, 10, 6, 2, 3, attrs(2, 1, 1, 0, 1, 2, 1), false},
+      {"groups4", 2, 16, 7, 7, 32, 3, 3, attrs(1, 1, 1, 1, 1, 1, 4), true},
+      {"depthwise", 2, 16, 8, 8, 16, 3, 3, attrs(1, 1, 1, 1, 1, 1, 16), true},
+      {"depthwise_stride2", 2, 32, 9, 9, 32, 3, 3, attrs(2, 2, 1, 1, 1, 1, 32), false},
+      {"pointwise", 2, 32, 6, 5, 16, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), true},
+      {"pointwise_stride2", 2, 16, 8, 8, 32, 1, 1, attrs(2, 2, 0, 0, 1, 1, 1), false},
+      {"pointwise_groups2", 2, 16, 4, 6, 8, 1, 1, attrs(1, 1, 0, 0, 1, 1, 2), true},
+  };
+  return c;
+}
+
+struct Run {
+  Tensor y, gx, gw;
+};
+
+// Forward and both gradients on the path AMPFORGE_CPU_CONV names; how many oneDNN executions that took.
+Run run_on(const char* path, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gy,
+           const Conv2dAttrs& a, int64_t* executions) {
+  ScopedEnv env({{"AMPFORGE_CPU_CONV", path}});
+  const int64_t before = cpu::onednn_conv_executions();
+  Run r;
+  r.y = ops::conv2d(x, w, b, a);
+  r.gx = ops::conv2d_backward_input(gy, w, x.shape(), a, ops::conv2d_memory_format(x, w));
+  r.gw = ops::conv2d_backward_weight(gy, x, w.shape(), a);
+  *executions = cpu::onednn_conv_executions() - before;
+  return r;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const ToleranceEntry t = tolerance(want.dtype());
+  const std::vector<double> g = got.tolist<double>(), e = want.tolist<double>();
+  const CloseResult r = tolerance_close(
+      static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
+      t.atol);
+  EXPECT_TRUE(r.ok) << what << ": " << r.mismatches << " mismatches, worst element " << r.worst << " oneDNN "
+                    << r.actual_at_worst << " im2col " << r.expected_at_worst << " (error / bound " << r.max_ratio
+                    << ")";
+}
+
+}  // namespace
+
+TEST(OneDnnConv, EnvVarChoosesThePath) {
+  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  Tensor x = rnd({2, 8, 6, 6}, DType::F32, kNHWC), w = rnd({8, 8, 3, 3}, DType::F32);
+  Tensor gy = rnd({2, 8, 6, 6}, DType::F32, kNHWC);
+  int64_t n = 0;
+  run_on("im2col", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(n, 0) << "AMPFORGE_CPU_CONV=im2col ran oneDNN primitives";
+  if (!cpu::onednn_built()) {
+    ScopedEnv env({{"AMPFORGE_CPU_CONV", "onednn"}});
+    try {
+      ops::conv2d(x, w, Tensor(), a);
+      ADD_FAILURE() << "AMPFORGE_CPU_CONV=onednn without oneDNN did not raise";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("this build has no oneDNN"), std::string::npos) << e.what();
+    }
+    GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  }
+  run_on("onednn", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(n, 3) << "AMPFORGE_CPU_CONV=onednn: forward and both gradients should each run one primitive";
+  run_on("", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(n, 3) << "oneDNN is the default in a build with it";
+  EXPECT_EQ(cpu::cpu_conv_path(), cpu::CpuConvPath::OneDnn);
+}
+
+TEST(OneDnnConv, BadEnvValueIsAnError) {
+  ScopedEnv env({{"AMPFORGE_CPU_CONV", "winograd"}});
+  Tensor x = rnd({1, 2, 4, 4}, DType::F32), w = rnd({2, 2, 3, 3}, DType::F32);
+  try {
+    ops::conv2d(x, w, Tensor(), attrs(1, 1, 1, 1, 1, 1, 1));
+    ADD_FAILURE() << "AMPFORGE_CPU_CONV=winograd did not raise";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_CONV=winograd: expected im2col or onednn"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(OneDnnConv, MatchesIm2colF32AndBF16) {
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  for (const Case& c : cases())
+    for (DType dt : {DType::F32, DType::BF16})
+      for (MemoryFormat mf : {kNCHW, kNHWC})
+        for (bool weight_cl : {false, true}) {
+          const std::string what = fmt::format("{} {} {}{}", c.name, dtype_name(dt), mf == kNHWC ? "NHWC" : "NCHW",
+                                               weight_cl ? " channels-last weight" : "");
+          const Shape xs{c.N, c.C, c.H, c.W}, ws{c.Co, c.C / c.a.groups, c.KH, c.KW};
+          Tensor x = rnd(xs, dt, mf), w = rnd(ws, dt, weight_cl ? kNHWC : kNCHW);
+          Tensor b = c.bias ? rnd({c.Co}, dt) : Tensor();
+          // The output layout the op picks (channels-last when x or w is), so gy matches it as autograd's would.
+          const MemoryFormat of = ops::conv2d_memory_format(x, w);
+          Tensor gy = rnd(ops::conv2d_output_shape(xs, ws, c.a), dt, of);
+          int64_t n_ref = 0, n_dnn = 0;
+          const Run ref = run_on("im2col", x, w, b, gy, c.a, &n_ref);
+          const Run got = run_on("onednn", x, w, b, gy, c.a, &n_dnn);
+          EXPECT_EQ(n_ref, 0) << what;
+          EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined (last implementation: '" << cpu::onednn_last_impl()
+                              << "')";
+          EXPECT_TRUE(got.y.is_contiguous(of)) << what;
+          expect_close(got.y, ref.y, what + " forward");
+          expect_close(got.gx, ref.gx, what + " grad_input");
+          expect_close(got.gw, ref.gw, what + " grad_weight");
+        }
+}
+
+TEST(OneDnnConv, F64FallsBackToIm2col) {
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  Tensor x = rnd({2, 4, 5, 5}, DType::F64, kNHWC), w = rnd({4, 4, 3, 3}, DType::F64);
+  Tensor gy = rnd({2, 4, 5, 5}, DType::F64, kNHWC);
+  int64_t n = -1;
+  const Run r = run_on("onednn", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(n, 0) << "oneDNN has no F64 convolution: the im2col path must run";
+  int64_t m = -1;
+  const Run s = run_on("im2col", x, w, Tensor(), gy, a, &m);
+  EXPECT_EQ(r.y.tolist<double>(), s.y.tolist<double>());
+}
+
+TEST(OneDnnConv, NestedCallRunsOnOneThread) {
+  // A conv from inside a parallel_for (a pool worker, or the caller of a nested call) must not start an
+  // OpenMP team of get_num_threads() threads there: it runs with one, and gives the same values.
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  ScopedEnv env({{"AMPFORGE_CPU_CONV", "onednn"}});
+  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  Tensor x = rnd({2, 8, 6, 6}, DType::F32, kNHWC), w = rnd({8, 8, 3, 3}, DType::F32);
+  const Tensor outside = ops::conv2d(x, w, Tensor(), a);
+  std::vector<Tensor> inside(2);
+  parallel_for(2, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) inside[i] = ops::conv2d(x, w, Tensor(), a);
+  });
+  for (const Tensor& t : inside) expect_close(t, outside, "nested conv2d");
+}
