@@ -7,9 +7,14 @@
 //     single-threaded per call, so every output element is one dot product computed by the same kernel
 //     whatever the thread count. The test asserts bit-identity and, should a BLAS ever split K, reports
 //     the difference against the F32 tolerance in its failure message.
+//   - convolutions across thread counts: on the im2col path (AMPFORGE_CPU_CONV=im2col). oneDNN's weight
+//     gradients sum per-thread partials, so they are bit-identical run after run for one thread count (the
+//     same-seed test runs on the default path) but not across thread counts.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/core/generator.h"
@@ -68,6 +73,14 @@ TEST(Determinism, SameSeedSameTrainingStep) {
 
 TEST(Determinism, SameTrainingStepFor1And2Threads) {
   ThreadCountGuard guard;
+  const char* old = std::getenv("AMPFORGE_CPU_CONV");
+  const std::string saved = old ? old : "";
+  ::setenv("AMPFORGE_CPU_CONV", "im2col", 1);
+  struct Restore {
+    bool had;
+    std::string value;
+    ~Restore() { had ? (void)::setenv("AMPFORGE_CPU_CONV", value.c_str(), 1) : (void)::unsetenv("AMPFORGE_CPU_CONV"); }
+  } restore{old != nullptr, saved};
   set_num_threads(1);
   const std::vector<Tensor> one = training_step(99);
   set_num_threads(2);

@@ -30,14 +30,17 @@
 // them to sleep for the duration.
 //
 // Memory: primitives are created with scratchpad_mode::user, so the scratch they need (e.g. the F32
-// partial weight gradients of BF16 convolutions) and the reordered weights are tensors from ampforge's
-// allocator: the caching allocator sees and reuses them like any other buffer.
+// partial weight gradients of BF16 convolutions) and the reordered weights are buffers of this file, taken
+// from the heap for the call, as im2col's column buffers are (conv.cpp): a CPU kernel's transient scratch
+// stays outside the caching allocator, which is what the meta device's CPU stand-in models (no kernel
+// scratch on the CPU), so `memory fit --device meta` keeps equalling a CPU step.
 #include "ampforge/backends/cpu/conv_onednn.h"
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -290,9 +293,13 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
   return prim;
 }
 
-// A buffer from ampforge's allocator; empty when bytes == 0.
-Tensor buffer(size_t bytes) {
-  return bytes ? Tensor::empty(Shape{static_cast<int64_t>(bytes)}, DType::U8, kCPU) : Tensor();
+// A heap buffer for one call, aligned for AVX-512 loads; null when bytes == 0.
+struct FreeAligned {
+  void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
+};
+using Buffer = std::unique_ptr<void, FreeAligned>;
+Buffer buffer(size_t bytes) {
+  return Buffer(bytes ? ::operator new[](bytes, std::align_val_t{64}) : nullptr);
 }
 
 bool run(const Problem& p) {
@@ -307,15 +314,15 @@ bool run(const Problem& p) {
 
   dn::engine& eng = cpu_engine();
   thread_local dn::stream stream(cpu_engine());
-  Tensor scratch = buffer(prim->scratch_md.get_size());
-  Tensor wtmp = prim->reorder ? buffer(prim->weight_prim_md.get_size()) : Tensor();
+  const Buffer scratch = buffer(prim->scratch_md.get_size());
+  const Buffer wtmp = buffer(prim->reorder ? prim->weight_prim_md.get_size() : 0);
   dn::memory image(prim->image_md, eng, p.image->data_ptr());
   dn::memory out(prim->out_md, eng, p.out->data_ptr());
   dn::memory wuser(prim->weight_user_md, eng, p.weight->data_ptr());
-  dn::memory wprim = prim->reorder ? dn::memory(prim->weight_prim_md, eng, wtmp.data_ptr()) : wuser;
+  dn::memory wprim = prim->reorder ? dn::memory(prim->weight_prim_md, eng, wtmp.get()) : wuser;
 
   std::unordered_map<int, dn::memory> args;
-  if (prim->scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch_md, eng, scratch.data_ptr()));
+  if (prim->scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch_md, eng, scratch.get()));
   switch (p.dir) {
     case Dir::Forward:
       args.insert({{DNNL_ARG_SRC, image}, {DNNL_ARG_WEIGHTS, wprim}, {DNNL_ARG_DST, out}});

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -294,7 +296,7 @@ TEST(Conv2d, LayoutsGiveIdenticalValues) {
   // Both layouts go through the same staging, im2col and GEMM calls, so results agree bit for bit; the F32
   // NCHW 1x1 path is a differently shaped GEMM and agrees to rounding. A property of the im2col path:
   // oneDNN runs the two layouts on different kernels (conv_onednn_test.cpp compares it with im2col).
-  const ampforge::dist::testing::ScopedEnv im2col({{"AMPFORGE_CPU_CONV", "im2col"}});
+  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
   for (const ConvCase& c : conv_cases()) {
     const Shape xs{c.N, c.C, c.H, c.W}, ws{c.Co, c.C / c.a.groups, c.KH, c.KW};
     Tensor x = rnd(xs, DType::F32), w = rnd(ws, DType::F32), b = rnd({c.Co}, DType::F32);
@@ -317,7 +319,7 @@ TEST(Conv2d, ThreadCountDoesNotChangeResults) {
   // forward, input gradient and the block-summed weight gradient are identical for 1, 2 and 3 threads,
   // and match the direct loops. A property of the im2col path: oneDNN's weight gradients sum per-thread
   // partials, so their rounding depends on the thread count.
-  const ampforge::dist::testing::ScopedEnv im2col({{"AMPFORGE_CPU_CONV", "im2col"}});
+  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
   const int saved = get_num_threads();
   const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
   const Shape xs{32, 16, 12, 12}, ws{8, 16, 3, 3};
