@@ -82,8 +82,13 @@ TEST(DistLaunch, MpirunModeStopsTheJobWhenARankFails) {
                                    "then exit 7; fi; sleep 60'");
   EXPECT_EQ(r.code, 7) << r.out;
   EXPECT_THAT(r.out, HasSubstr("--oversubscribe"));  // the launcher's mpirun line
-  EXPECT_THAT(r.out, HasSubstr("Exit code:    7"));   // mpirun names the process, rank 1
-  EXPECT_THAT(r.out, HasSubstr(",1]"));
+  // mpirun names the process (rank 1) in a help block of its own, which Open MPI 4.1 sometimes fails to print
+  // ("ORTE_ERROR_LOG: Out of resource in file show_help.c", seen about one run in three on the 2-core build
+  // machine): when it is there, it must name rank 1; the exit code above is the launcher's contract.
+  if (r.out.find("Exit code:") != std::string::npos) {
+    EXPECT_THAT(r.out, HasSubstr("Exit code:    7"));
+    EXPECT_THAT(r.out, HasSubstr(",1]"));
+  }
   EXPECT_LT(r.seconds, 30);
 }
 
