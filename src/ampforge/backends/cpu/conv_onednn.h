@@ -4,7 +4,8 @@
 //
 // Which path runs: AMPFORGE_CPU_CONV=onednn (the default in a build with oneDNN) or im2col, read at every
 // call so that a test or an A/B measurement can switch it. A problem oneDNN has no fast kernel for (F64,
-// F16 in oneDNN 2.6, a problem for which it offers only its reference implementation) runs on im2col
+// F16 in oneDNN 2.6, a problem for which it offers only its reference implementation or its gemm-based one,
+// as for most plain NCHW activations) runs on im2col
 // whatever the variable says.
 #pragma once
 

@@ -4,7 +4,8 @@
 //   - forward, input gradient and weight gradient of both paths agree on random problems (strides, padding,
 //     dilation, groups, depthwise, 1x1, NCHW and NHWC, channels-last weights) within the tolerance table of
 //     core/tolerance.h: F32 at the F32 row, BF16 at the BF16 row;
-//   - F32 and BF16 problems of those shapes really run on oneDNN (no silent fallback); F64 falls back.
+//   - F32 and BF16 problems of those shapes in channels-last really run on oneDNN (no silent fallback); F64
+//     falls back, and so may NCHW problems (oneDNN 2.6 has only gemm-based kernels for most of them).
 // Without oneDNN in the build, the comparison tests skip and the error test checks the message.
 #include <gtest/gtest.h>
 
@@ -161,13 +162,11 @@ TEST(OneDnnConv, MatchesIm2colF32AndBF16) {
           const ConvRun ref = run_on("im2col", x, w, b, gy, c.a, &n_ref);
           const ConvRun got = run_on("onednn", x, w, b, gy, c.a, &n_dnn);
           EXPECT_EQ(n_ref, 0) << what;
-          // An NCHW image with a channels-last weight (an output in channels-last, the op's rule) mixes layouts
-          // oneDNN 2.6 has no fast kernel for in one direction: that one may run on im2col.
-          if (mf == kNHWC || !weight_cl)
+          // Channels-last activations run on oneDNN's direct kernels; for plain NCHW ones oneDNN 2.6 offers its
+          // gemm-based kernels, which conv_onednn.cpp declines (slower than im2col): those may run on im2col.
+          if (mf == kNHWC)
             EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined (last implementation: '" << cpu::onednn_last_impl()
                                 << "')";
-          else
-            EXPECT_GE(n_dnn, 2) << what;
           EXPECT_TRUE(got.y.is_contiguous(of)) << what;
           expect_close(got.y, ref.y, what + " forward");
           expect_close(got.gx, ref.gx, what + " grad_input");
@@ -199,7 +198,7 @@ TEST(OneDnnConv, WideChannelsOnTinyImagesAsResNet50Ends) {
       int64_t n_ref = 0, n_dnn = 0;
       const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, c.a, &n_ref);
       const ConvRun got = run_on("onednn", x, w, Tensor(), gy, c.a, &n_dnn);
-      EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined";
+      if (mf == kNHWC) EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined";
       // Reduction lengths: C kH kW terms per output, Co kH kW per input gradient, N oH oW per weight gradient.
       auto depth = [](int64_t terms) { return std::max(1.0, static_cast<double>(terms) / 300.0); };
       expect_close(got.y, ref.y, what + " forward", depth(c.C / c.a.groups * c.KH * c.KW));
