@@ -111,8 +111,15 @@ endif()
 
 # 4. examples/ as a separate project against the prefix.
 step("configure examples/ against the prefix")
+# The prefix first, then where the build found its dependencies (DEPS_PREFIX_PATH, "|"-separated).
+set(consumer_prefix_path ${prefix})
+if(DEPS_PREFIX_PATH)
+  string(REPLACE "|" ";" deps_prefix_path "${DEPS_PREFIX_PATH}")
+  list(APPEND consumer_prefix_path ${deps_prefix_path})
+endif()
+list(JOIN consumer_prefix_path ";" consumer_prefix_path)
 set(configure_args -S ${SOURCE_DIR}/examples -B ${consumer} -G "${GENERATOR}"
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+    "-DCMAKE_PREFIX_PATH=${consumer_prefix_path}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 if(MAKE_PROGRAM)
   list(APPEND configure_args -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM})

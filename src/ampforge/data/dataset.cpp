@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "ampforge/core/generator.h"
@@ -9,6 +10,11 @@
 #include "ampforge/util/error.h"
 
 namespace ampforge::data {
+
+std::string default_fashion_mnist_dir() {
+  const char* env = std::getenv("AMPFORGE_FASHION_MNIST_DIR");
+  return env && *env ? std::string(env) : std::string(kDefaultFashionMnistDir);
+}
 
 namespace {
 std::string find_idx(const std::string& dir, const std::string& stem) {

@@ -78,6 +78,10 @@ class MnistDataset final : public Dataset {
 
 // Where Debian's dataset-fashion-mnist package installs the files.
 inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+// The Fashion-MNIST folder used when none is given: $AMPFORGE_FASHION_MNIST_DIR when set and not empty (a
+// machine without the Debian package, e.g. the GPU machine, where scripts/gpu-check unpacks it from its kit),
+// else kDefaultFashionMnistDir.
+std::string default_fashion_mnist_dir();
 
 // Deterministic random data of any example shape: images about N(0, 1), labels uniform in [0, classes).
 // Learnable: the label shifts the mean of the first channel. Cheap enough to feed a GPU at ImageNet sizes

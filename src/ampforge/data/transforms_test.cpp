@@ -421,9 +421,7 @@ TEST(DataResized, UpscalesAndReplicatesChannels) {
 }
 
 TEST(DataResized, FashionMnistAs3x32x32) {
-  if (!std::filesystem::is_directory(kDefaultFashionMnistDir))
-    GTEST_SKIP() << "no " << kDefaultFashionMnistDir << " (apt-get install dataset-fashion-mnist)";
-  auto base = std::make_shared<MnistDataset>(kDefaultFashionMnistDir, true);
+  auto base = std::make_shared<MnistDataset>(default_fashion_mnist_dir(), true);
   auto ds = std::make_shared<ResizedDataset>(base, 3, 32);
   EXPECT_EQ(ds->example_shape(), (Shape{3, 32, 32}));
   EXPECT_EQ(ds->size(), 60000);

@@ -140,7 +140,7 @@ struct ComposeDetectionOptions {
   int64_t min_items = 1, max_items = 6;
   double min_scale = 1.0, max_scale = 2.5;  // item side = 28 * scale pixels
   uint64_t seed = 0;
-  std::string fashion_mnist_dir = kDefaultFashionMnistDir;
+  std::string fashion_mnist_dir = default_fashion_mnist_dir();
 };
 
 // Writes a detection set composed from Fashion-MNIST into `out_dir` in the YOLO format: images/{train,val}/*.png

@@ -22,7 +22,9 @@ bool strides_like_channels_last(const Tensor& x) {
 }  // namespace
 
 MemoryFormat image_memory_format(const Tensor& x) {
-  if (x.dim() != 4 || !x.is_contiguous(MemoryFormat::ChannelsLast)) return MemoryFormat::Contiguous;
+  if (x.dim() != 4) return MemoryFormat::Contiguous;
+  if (!x.is_contiguous(MemoryFormat::ChannelsLast))
+    return !x.is_contiguous() && strides_like_channels_last(x) ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   if (!x.is_contiguous()) return MemoryFormat::ChannelsLast;
   // Both layouts describe the memory: the strides say which one was asked for. Keeping a channels-last
   // single-channel image or 1x1 weight channels-last keeps a channels-last network on its fast path.

@@ -192,7 +192,10 @@ DropoutResult dropout(const Tensor& x, double p, Generator* gen = nullptr);
 // Dtypes: F32, F64, F16, BF16 (16-bit computed in float); all operands of one dtype and device.
 //
 // The layout of image x: channels-last when x is laid out so, else Contiguous. When size-1 dims make both
-// hold (C == 1, 1x1 kernels), the strides decide, as in PyTorch's suggest_memory_format.
+// hold (C == 1, 1x1 kernels), the strides decide, as in PyTorch's suggest_memory_format. A view that is
+// neither (a channel slice of a channels-last image: YOLOv8's C2f chunks) is channels-last when its strides
+// are ordered so (C smallest, then W, H, N), as PyTorch's is_channels_last_strides_2d decides: the copy a
+// kernel then makes keeps a channels-last network channels-last.
 MemoryFormat image_memory_format(const Tensor& x);
 // conv2d's output layout: channels-last when x or the weight is (PyTorch's rule, which keeps a
 // single-channel first layer channels-last when its weight is).

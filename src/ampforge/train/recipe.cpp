@@ -183,7 +183,7 @@ Datasets make_datasets(const TrainConfig& cfg, int64_t channels) {
     d.test = test;
   } else {
     const std::string dir = !cfg.data_dir.empty() ? cfg.data_dir
-                            : cfg.dataset == "fashion-mnist" ? data::kDefaultFashionMnistDir
+                            : cfg.dataset == "fashion-mnist" ? data::default_fashion_mnist_dir()
                                                              : "/usr/share/datasets/mnist";
     std::shared_ptr<data::Dataset> train = std::make_shared<data::MnistDataset>(dir, true, cfg.dataset);
     std::shared_ptr<data::Dataset> test = std::make_shared<data::MnistDataset>(dir, false, cfg.dataset);

@@ -187,8 +187,10 @@ Tensor cat(const std::vector<Tensor>& xs_in, int64_t dim) {
                  t.shape().str(), first.shape().str());
     out_shape[d] += t.shape()[d];
   }
-  Tensor out = Tensor::empty(out_shape, dt, first.device(), ops::output_format(first, out_shape) == MemoryFormat::ChannelsLast &&
-                                                                    first.dim() == 4 ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous);
+  // The first input's layout, as PyTorch's cat: channels-last images concatenated along channels (YOLOv8's
+  // C2f, SPPF and neck) stay channels-last.
+  Tensor out = Tensor::empty(out_shape, dt, first.device(),
+                             first.dim() == 4 ? ops::image_memory_format(first) : MemoryFormat::Contiguous);
   int64_t off = 0;
   std::vector<int64_t> sizes;
   for (auto& t : xs) {

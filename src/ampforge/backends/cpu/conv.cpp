@@ -564,7 +564,8 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 // ---- kernels ------------------------------------------------------------------------------------
 
 // oneDNN first (see the header comment), im2col when it declines or AMPFORGE_CPU_CONV=im2col.
-bool use_onednn() { return onednn_built() && cpu_conv_path() == CpuConvPath::OneDnn; }
+// cpu_conv_path() reads (and checks) AMPFORGE_CPU_CONV in every build: "onednn" without oneDNN is an error.
+bool use_onednn() { return cpu_conv_path() == CpuConvPath::OneDnn; }
 
 // inputs: x, weight[, bias]; outputs: y.
 void conv2d_kernel(const KernelArgs& k) {

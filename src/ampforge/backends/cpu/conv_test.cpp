@@ -365,6 +365,32 @@ TEST(Conv2d, BatchesLargerThanTheScratchLimit) {
   }
 }
 
+TEST(Conv2d, ChannelSlicesAndConcatsOfChannelsLastImagesStayChannelsLast) {
+  // YOLOv8's C2f: a channels-last conv output is split along channels (views that are neither contiguous
+  // nor channels-last-contiguous), convolved, and concatenated along channels. Every step keeps
+  // channels-last, as in PyTorch (is_channels_last_strides_2d; cat follows its first input), so the
+  // convolutions run on channels-last kernels instead of an NCHW copy. (im2col: both layouts then give the
+  // same values bit for bit.)
+  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
+  Tensor x = rnd({2, 8, 5, 6}, DType::F32, kNHWC);
+  const Tensor half = ops::narrow(x, 1, 4, 4);
+  ASSERT_FALSE(half.is_contiguous(kNHWC));
+  ASSERT_FALSE(half.is_contiguous());
+  EXPECT_EQ(ops::image_memory_format(half), kNHWC);
+  Tensor w = rnd({4, 4, 3, 3}, DType::F32);
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
+  const Tensor y = ops::conv2d(half, w, Tensor(), a);
+  EXPECT_TRUE(y.is_contiguous(kNHWC));
+  EXPECT_EQ(vals(y), vals(ops::conv2d(ops::contiguous(half), w, Tensor(), a)));
+  const Tensor c = cat({ops::narrow(x, 1, 0, 4), half, y}, 1);
+  EXPECT_TRUE(c.is_contiguous(kNHWC));
+  EXPECT_EQ(vals(ops::narrow(c, 1, 4, 4)), vals(half));
+  // An NCHW image's slices stay NCHW.
+  Tensor xn = rnd({2, 8, 5, 6}, DType::F32);
+  EXPECT_EQ(ops::image_memory_format(ops::narrow(xn, 1, 4, 4)), kNCHW);
+  EXPECT_TRUE(cat({ops::narrow(xn, 1, 0, 4), ops::narrow(xn, 1, 4, 4)}, 1).is_contiguous());
+}
+
 TEST(Conv2d, OutputKeepsTheInputLayout) {
   // A single-channel image with channels-last strides stays channels-last (the first layer of a
   // channels-last CNN); with NCHW strides it is NCHW unless the weight is channels-last (PyTorch's rule).
