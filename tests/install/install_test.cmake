@@ -111,15 +111,19 @@ endif()
 
 # 4. examples/ as a separate project against the prefix.
 step("configure examples/ against the prefix")
-# The prefix first, then where the build found its dependencies (DEPS_PREFIX_PATH, "|"-separated).
-set(consumer_prefix_path ${prefix})
+# The prefix first (-DCMAKE_PREFIX_PATH), then where the build found its dependencies (DEPS_PREFIX_PATH,
+# "|"-separated), through the CMAKE_PREFIX_PATH environment variable (":"-separated), which find_package searches
+# after the variable: a ";" list would not survive run()'s argument list.
 if(DEPS_PREFIX_PATH)
-  string(REPLACE "|" ";" deps_prefix_path "${DEPS_PREFIX_PATH}")
-  list(APPEND consumer_prefix_path ${deps_prefix_path})
+  string(REPLACE "|" ":" deps_prefix_path "${DEPS_PREFIX_PATH}")
+  if(DEFINED ENV{CMAKE_PREFIX_PATH} AND NOT "$ENV{CMAKE_PREFIX_PATH}" STREQUAL "")
+    set(ENV{CMAKE_PREFIX_PATH} "${deps_prefix_path}:$ENV{CMAKE_PREFIX_PATH}")
+  else()
+    set(ENV{CMAKE_PREFIX_PATH} "${deps_prefix_path}")
+  endif()
 endif()
-list(JOIN consumer_prefix_path ";" consumer_prefix_path)
 set(configure_args -S ${SOURCE_DIR}/examples -B ${consumer} -G "${GENERATOR}"
-    "-DCMAKE_PREFIX_PATH=${consumer_prefix_path}" -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 if(MAKE_PROGRAM)
   list(APPEND configure_args -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM})
