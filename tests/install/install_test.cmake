@@ -125,6 +125,10 @@ endif()
 set(configure_args -S ${SOURCE_DIR}/examples -B ${consumer} -G "${GENERATOR}"
     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+if(CONSUMER_DEFS)  # "-DVAR=value|-DVAR=value" (tests/install/CMakeLists.txt)
+  string(REPLACE "|" ";" consumer_defs "${CONSUMER_DEFS}")
+  list(APPEND configure_args ${consumer_defs})
+endif()
 if(MAKE_PROGRAM)
   list(APPEND configure_args -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM})
 endif()
