@@ -12,14 +12,13 @@
 //     same-seed test runs on the default path) but not across thread counts.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/core/tolerance.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/util/env_test_util.h"
 #include "ampforge/util/thread_pool.h"
 
 using namespace ampforge;
@@ -73,14 +72,7 @@ TEST(Determinism, SameSeedSameTrainingStep) {
 
 TEST(Determinism, SameTrainingStepFor1And2Threads) {
   ThreadCountGuard guard;
-  const char* old = std::getenv("AMPFORGE_CPU_CONV");
-  const std::string saved = old ? old : "";
-  ::setenv("AMPFORGE_CPU_CONV", "im2col", 1);
-  struct Restore {
-    bool had;
-    std::string value;
-    ~Restore() { had ? (void)::setenv("AMPFORGE_CPU_CONV", value.c_str(), 1) : (void)::unsetenv("AMPFORGE_CPU_CONV"); }
-  } restore{old != nullptr, saved};
+  const testutil::ScopedEnv im2col("AMPFORGE_CPU_CONV", "im2col");
   set_num_threads(1);
   const std::vector<Tensor> one = training_step(99);
   set_num_threads(2);

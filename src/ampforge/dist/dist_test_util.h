@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ampforge/util/env_test_util.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge::dist::testing {
@@ -61,29 +62,8 @@ inline std::string mpirun(int n) {
     }                                                                                                       \
   } while (0)
 
-// Sets (or, with nullopt, unsets) environment variables until destroyed, then restores them.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const std::map<std::string, std::optional<std::string>>& vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k.c_str());
-      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : saved_) {
-      if (v) ::setenv(k.c_str(), v->c_str(), 1);
-      else ::unsetenv(k.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
+// Environment variables for a scope (util/env_test_util.h).
+using ampforge::testutil::ScopedEnv;
 
 // The message of the ampforge::Error `f` throws ("" when it throws none).
 template <class F>

@@ -31,6 +31,7 @@
 #include "ampforge/core/tolerance.h"
 #include "ampforge/models/hashed_weights_test_util.h"
 #include "ampforge/models/resnet.h"
+#include "ampforge/util/env_test_util.h"
 #include "ampforge/ops/ops.h"
 
 using namespace ampforge;
@@ -182,25 +183,6 @@ std::shared_ptr<ResNet> build(const std::string& name) {
   return nullptr;
 }
 
-// Sets an environment variable for a scope (restores the old value).
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~EnvScope() {
-    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  EnvScope(const EnvScope&) = delete;
-  EnvScope& operator=(const EnvScope&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
-
 void check_model(const std::string& name, bool bf16) {
   // ResNet-50's F32 gradients at this size depend discontinuously on the rounding of the stem convolution:
   // a relative perturbation of 5e-7 of conv1's output (random, any seed) moves PyTorch's own gradients by
@@ -210,7 +192,7 @@ void check_model(const std::string& name, bool bf16) {
   // order (within 2e-6 of it on every convolution of this model) and land on the other side of the flip.
   // So this case pins the im2col path; oneDNN is compared with im2col problem by problem in
   // backends/cpu/conv_onednn_test.cpp, and trains ResNets in the CLI tests.
-  std::optional<EnvScope> pin;
+  std::optional<testutil::ScopedEnv> pin;
   if (name == "resnet50" && !bf16) pin.emplace("AMPFORGE_CPU_CONV", "im2col");
   const Golden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;

@@ -9,20 +9,20 @@
 // Without oneDNN in the build, the comparison tests skip and the error test checks the message.
 #include <gtest/gtest.h>
 
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "ampforge/backends/cpu/conv_onednn.h"
+#include "ampforge/backends/cpu/conv_test_util.h"
 #include "ampforge/core/tolerance.h"
-#include "ampforge/dist/dist_test_util.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/util/env_test_util.h"
 #include "ampforge/util/thread_pool.h"
 
 using namespace ampforge;
-using ampforge::dist::testing::ScopedEnv;
-using EnvVars = std::map<std::string, std::optional<std::string>>;
+using ampforge::testutil::conv_attrs;
+using ampforge::testutil::ConvCase;
+using ampforge::testutil::ScopedEnv;
 
 namespace {
 
@@ -42,35 +42,21 @@ Tensor rnd(const Shape& s, DType dt, MemoryFormat mf = kNCHW) {
   return o;
 }
 
-Conv2dAttrs attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
-  Conv2dAttrs a;
-  a.stride[0] = sh, a.stride[1] = sw, a.padding[0] = ph, a.padding[1] = pw;
-  a.dilation[0] = dh, a.dilation[1] = dw, a.groups = groups;
-  return a;
-}
-
-struct Case {
-  const char* name;
-  int64_t N, C, H, W, Co, KH, KW;
-  Conv2dAttrs a;
-  bool bias;
-};
-
 // The reductions stay short (<= ~300 terms per output, per input-gradient and per weight-gradient element),
 // the range the F32 row of the tolerance table is derived for.
-const std::vector<Case>& cases() {
-  static const std::vector<Case> c = {
-      {"3x3", 2, 8, 9, 8, 16, 3, 3, attrs(1, 1, 1, 1, 1, 1, 1), true},
-      {"3x3_stride2", 2, 16, 10, 9, 8, 3, 3, attrs(2, 2, 1, 1, 1, 1, 1), false},
-      {"stem_7x7_stride2", 2, 3, 15, 14, 8, 7, 7, attrs(2, 2, 3, 3, 1, 1, 1), true},
-      {"dilation2", 1, 8, 10, 11, 8, 3, 3, attrs(1, 1, 2, 2, 2, 2, 1), true},
-      {"asymmetric", 2, 4, 9, 10, 6, 2, 3, attrs(2, 1, 1, 0, 1, 2, 1), false},
-      {"groups4", 2, 16, 7, 7, 32, 3, 3, attrs(1, 1, 1, 1, 1, 1, 4), true},
-      {"depthwise", 2, 16, 8, 8, 16, 3, 3, attrs(1, 1, 1, 1, 1, 1, 16), true},
-      {"depthwise_stride2", 2, 32, 9, 9, 32, 3, 3, attrs(2, 2, 1, 1, 1, 1, 32), false},
-      {"pointwise", 2, 32, 6, 5, 16, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), true},
-      {"pointwise_stride2", 2, 16, 8, 8, 32, 1, 1, attrs(2, 2, 0, 0, 1, 1, 1), false},
-      {"pointwise_groups2", 2, 16, 4, 6, 8, 1, 1, attrs(1, 1, 0, 0, 1, 1, 2), true},
+const std::vector<ConvCase>& cases() {
+  static const std::vector<ConvCase> c = {
+      {"3x3", 2, 8, 9, 8, 16, 3, 3, conv_attrs(1, 1, 1, 1, 1, 1, 1), true},
+      {"3x3_stride2", 2, 16, 10, 9, 8, 3, 3, conv_attrs(2, 2, 1, 1, 1, 1, 1), false},
+      {"stem_7x7_stride2", 2, 3, 15, 14, 8, 7, 7, conv_attrs(2, 2, 3, 3, 1, 1, 1), true},
+      {"dilation2", 1, 8, 10, 11, 8, 3, 3, conv_attrs(1, 1, 2, 2, 2, 2, 1), true},
+      {"asymmetric", 2, 4, 9, 10, 6, 2, 3, conv_attrs(2, 1, 1, 0, 1, 2, 1), false},
+      {"groups4", 2, 16, 7, 7, 32, 3, 3, conv_attrs(1, 1, 1, 1, 1, 1, 4), true},
+      {"depthwise", 2, 16, 8, 8, 16, 3, 3, conv_attrs(1, 1, 1, 1, 1, 1, 16), true},
+      {"depthwise_stride2", 2, 32, 9, 9, 32, 3, 3, conv_attrs(2, 2, 1, 1, 1, 1, 32), false},
+      {"pointwise", 2, 32, 6, 5, 16, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 1), true},
+      {"pointwise_stride2", 2, 16, 8, 8, 32, 1, 1, conv_attrs(2, 2, 0, 0, 1, 1, 1), false},
+      {"pointwise_groups2", 2, 16, 4, 6, 8, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 2), true},
   };
   return c;
 }
@@ -82,7 +68,7 @@ struct ConvRun {
 // Forward and both gradients on the path AMPFORGE_CPU_CONV names; how many oneDNN executions that took.
 ConvRun run_on(const char* path, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& gy,
            const Conv2dAttrs& a, int64_t* executions) {
-  ScopedEnv env(EnvVars{{"AMPFORGE_CPU_CONV", path}});
+  ScopedEnv env("AMPFORGE_CPU_CONV", path);
   const int64_t before = cpu::onednn_conv_executions();
   ConvRun r;
   r.y = ops::conv2d(x, w, b, a);
@@ -109,14 +95,14 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
 }  // namespace
 
 TEST(OneDnnConv, EnvVarChoosesThePath) {
-  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
   Tensor x = rnd({2, 8, 6, 6}, DType::F32, kNHWC), w = rnd({8, 8, 3, 3}, DType::F32);
   Tensor gy = rnd({2, 8, 6, 6}, DType::F32, kNHWC);
   int64_t n = 0;
   run_on("im2col", x, w, Tensor(), gy, a, &n);
   EXPECT_EQ(n, 0) << "AMPFORGE_CPU_CONV=im2col ran oneDNN primitives";
   if (!cpu::onednn_built()) {
-    ScopedEnv env(EnvVars{{"AMPFORGE_CPU_CONV", "onednn"}});
+    ScopedEnv env("AMPFORGE_CPU_CONV", "onednn");
     try {
       ops::conv2d(x, w, Tensor(), a);
       ADD_FAILURE() << "AMPFORGE_CPU_CONV=onednn without oneDNN did not raise";
@@ -133,10 +119,10 @@ TEST(OneDnnConv, EnvVarChoosesThePath) {
 }
 
 TEST(OneDnnConv, BadEnvValueIsAnError) {
-  ScopedEnv env(EnvVars{{"AMPFORGE_CPU_CONV", "winograd"}});
+  ScopedEnv env("AMPFORGE_CPU_CONV", "winograd");
   Tensor x = rnd({1, 2, 4, 4}, DType::F32), w = rnd({2, 2, 3, 3}, DType::F32);
   try {
-    ops::conv2d(x, w, Tensor(), attrs(1, 1, 1, 1, 1, 1, 1));
+    ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 1, 1, 1, 1, 1));
     ADD_FAILURE() << "AMPFORGE_CPU_CONV=winograd did not raise";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_CONV=winograd: expected im2col or onednn"), std::string::npos)
@@ -146,7 +132,7 @@ TEST(OneDnnConv, BadEnvValueIsAnError) {
 
 TEST(OneDnnConv, MatchesIm2colF32AndBF16) {
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
-  for (const Case& c : cases())
+  for (const ConvCase& c : cases())
     for (DType dt : {DType::F32, DType::BF16})
       for (MemoryFormat mf : {kNCHW, kNHWC})
         for (bool weight_cl : {false, true}) {
@@ -178,17 +164,17 @@ TEST(OneDnnConv, WideChannelsOnTinyImagesAsResNet50Ends) {
   // ResNet-50's last stages at a 64x64 input (the parity test's size): hundreds to thousands of channels on 4x4
   // and 2x2 images, where blocking over channels, not pixels, carries the work.
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
-  const std::vector<Case> wide = {
-      {"layer4.0.conv2", 2, 512, 4, 4, 512, 3, 3, attrs(2, 2, 1, 1, 1, 1, 1), false},
-      {"layer4.0.downsample", 2, 1024, 4, 4, 2048, 1, 1, attrs(2, 2, 0, 0, 1, 1, 1), false},
-      {"layer4.1.conv1", 2, 2048, 2, 2, 512, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), false},
-      {"layer4.1.conv2", 2, 512, 2, 2, 512, 3, 3, attrs(1, 1, 1, 1, 1, 1, 1), false},
-      {"layer4.1.conv3", 2, 512, 2, 2, 2048, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), false},
-      {"layer3.1.conv1", 2, 1024, 4, 4, 256, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), false},
-      {"layer1.0.conv1", 2, 64, 16, 16, 64, 1, 1, attrs(1, 1, 0, 0, 1, 1, 1), false},
-      {"conv1", 2, 3, 64, 64, 64, 7, 7, attrs(2, 2, 3, 3, 1, 1, 1), false},
+  const std::vector<ConvCase> wide = {
+      {"layer4.0.conv2", 2, 512, 4, 4, 512, 3, 3, conv_attrs(2, 2, 1, 1, 1, 1, 1), false},
+      {"layer4.0.downsample", 2, 1024, 4, 4, 2048, 1, 1, conv_attrs(2, 2, 0, 0, 1, 1, 1), false},
+      {"layer4.1.conv1", 2, 2048, 2, 2, 512, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 1), false},
+      {"layer4.1.conv2", 2, 512, 2, 2, 512, 3, 3, conv_attrs(1, 1, 1, 1, 1, 1, 1), false},
+      {"layer4.1.conv3", 2, 512, 2, 2, 2048, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 1), false},
+      {"layer3.1.conv1", 2, 1024, 4, 4, 256, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 1), false},
+      {"layer1.0.conv1", 2, 64, 16, 16, 64, 1, 1, conv_attrs(1, 1, 0, 0, 1, 1, 1), false},
+      {"conv1", 2, 3, 64, 64, 64, 7, 7, conv_attrs(2, 2, 3, 3, 1, 1, 1), false},
   };
-  for (const Case& c : wide)
+  for (const ConvCase& c : wide)
     for (MemoryFormat mf : {kNCHW, kNHWC}) {
       const std::string what = fmt::format("{} {}", c.name, mf == kNHWC ? "NHWC" : "NCHW");
       const Shape xs{c.N, c.C, c.H, c.W}, ws{c.Co, c.C / c.a.groups, c.KH, c.KW};
@@ -209,7 +195,7 @@ TEST(OneDnnConv, WideChannelsOnTinyImagesAsResNet50Ends) {
 
 TEST(OneDnnConv, F64FallsBackToIm2col) {
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
-  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
   Tensor x = rnd({2, 4, 5, 5}, DType::F64, kNHWC), w = rnd({4, 4, 3, 3}, DType::F64);
   Tensor gy = rnd({2, 4, 5, 5}, DType::F64, kNHWC);
   int64_t n = -1;
@@ -224,8 +210,8 @@ TEST(OneDnnConv, NestedCallRunsOnOneThread) {
   // A conv from inside a parallel_for (a pool worker, or the caller of a nested call) must not start an
   // OpenMP team of get_num_threads() threads there: it runs with one, and gives the same values.
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
-  ScopedEnv env(EnvVars{{"AMPFORGE_CPU_CONV", "onednn"}});
-  const Conv2dAttrs a = attrs(1, 1, 1, 1, 1, 1, 1);
+  ScopedEnv env("AMPFORGE_CPU_CONV", "onednn");
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
   Tensor x = rnd({2, 8, 6, 6}, DType::F32, kNHWC), w = rnd({8, 8, 3, 3}, DType::F32);
   const Tensor outside = ops::conv2d(x, w, Tensor(), a);
   std::vector<Tensor> inside(2);

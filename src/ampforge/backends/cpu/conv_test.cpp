@@ -12,19 +12,20 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "ampforge/autograd/autocast.h"
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
-#include "ampforge/dist/dist_test_util.h"
+#include "ampforge/backends/cpu/conv_test_util.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/util/env_test_util.h"
 #include "ampforge/util/thread_pool.h"
 
 using namespace ampforge;
+using ampforge::testutil::conv_attrs;
+using ampforge::testutil::ConvCase;
 
 namespace {
 
@@ -142,20 +143,6 @@ ConvRef conv_ref(const std::vector<double>& x, const Shape& xs, const std::vecto
           r.ymag[yi] = mag;
         }
   return r;
-}
-
-struct ConvCase {
-  const char* name;
-  int64_t N, C, H, W, Co, KH, KW;
-  Conv2dAttrs a;
-  bool bias;
-};
-
-Conv2dAttrs conv_attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
-  Conv2dAttrs a;
-  a.stride[0] = sh, a.stride[1] = sw, a.padding[0] = ph, a.padding[1] = pw;
-  a.dilation[0] = dh, a.dilation[1] = dw, a.groups = groups;
-  return a;
 }
 
 const std::vector<ConvCase>& conv_cases() {
@@ -296,7 +283,7 @@ TEST(Conv2d, LayoutsGiveIdenticalValues) {
   // Both layouts go through the same staging, im2col and GEMM calls, so results agree bit for bit; the F32
   // NCHW 1x1 path is a differently shaped GEMM and agrees to rounding. A property of the im2col path:
   // oneDNN runs the two layouts on different kernels (conv_onednn_test.cpp compares it with im2col).
-  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
+  const testutil::ScopedEnv im2col("AMPFORGE_CPU_CONV", "im2col");
   for (const ConvCase& c : conv_cases()) {
     const Shape xs{c.N, c.C, c.H, c.W}, ws{c.Co, c.C / c.a.groups, c.KH, c.KW};
     Tensor x = rnd(xs, DType::F32), w = rnd(ws, DType::F32), b = rnd({c.Co}, DType::F32);
@@ -319,7 +306,7 @@ TEST(Conv2d, ThreadCountDoesNotChangeResults) {
   // forward, input gradient and the block-summed weight gradient are identical for 1, 2 and 3 threads,
   // and match the direct loops. A property of the im2col path: oneDNN's weight gradients sum per-thread
   // partials, so their rounding depends on the thread count.
-  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
+  const testutil::ScopedEnv im2col("AMPFORGE_CPU_CONV", "im2col");
   const int saved = get_num_threads();
   const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
   const Shape xs{32, 16, 12, 12}, ws{8, 16, 3, 3};
@@ -371,7 +358,7 @@ TEST(Conv2d, ChannelSlicesAndConcatsOfChannelsLastImagesStayChannelsLast) {
   // channels-last, as in PyTorch (is_channels_last_strides_2d; cat follows its first input), so the
   // convolutions run on channels-last kernels instead of an NCHW copy. (im2col: both layouts then give the
   // same values bit for bit.)
-  const ampforge::dist::testing::ScopedEnv im2col(std::map<std::string, std::optional<std::string>>{{"AMPFORGE_CPU_CONV", "im2col"}});
+  const testutil::ScopedEnv im2col("AMPFORGE_CPU_CONV", "im2col");
   Tensor x = rnd({2, 8, 5, 6}, DType::F32, kNHWC);
   const Tensor half = ops::narrow(x, 1, 4, 4);
   ASSERT_FALSE(half.is_contiguous(kNHWC));
