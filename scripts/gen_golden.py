@@ -205,11 +205,13 @@ def apply_layout(t, layout):
     raise ValueError(f"unknown layout {layout}")
 
 
-def run_case(case, values, grad_out, dtype):
+def forward_backward(case, values, to_input, g_out):
+    """The op on inputs made by to_input(value, spec), then the gradients of output 0 against g_out for the
+    inputs that require them: (outputs, [(input index, input tensor, gradient or None)])."""
     ins = []
     for spec, v in zip(case["inputs"], values):
         if v.is_floating_point():
-            v = v.to(dtype if spec["cast16"] else torch.float32)
+            v = to_input(v, spec)
         with torch.no_grad():
             t = apply_layout(v, spec["layout"])
         if spec["requires_grad"]:
@@ -217,35 +219,32 @@ def run_case(case, values, grad_out, dtype):
         ins.append(t)
     outs = OPS[case["op"]](case["attrs"], *ins)
     leaves = [(i, t) for i, t in enumerate(ins) if case["inputs"][i]["requires_grad"]]
-    grads = []
-    if leaves:
-        gs = torch.autograd.grad([outs[0]], [t for _, t in leaves], [grad_out.to(outs[0].dtype)], allow_unused=True)
-        for (i, t), g in zip(leaves, gs):
-            grads.append((i, torch.zeros_like(t) if g is None else g))
+    if not leaves:
+        return outs, []
+    gs = torch.autograd.grad([outs[0]], [t for _, t in leaves], [g_out(outs[0])], allow_unused=True)
+    return outs, [(i, t, g) for (i, t), g in zip(leaves, gs)]
+
+
+def run_case(case, values, grad_out, dtype):
+    outs, leaf_grads = forward_backward(case, values,
+                                        lambda v, spec: v.to(dtype if spec["cast16"] else torch.float32),
+                                        lambda out0: grad_out.to(out0.dtype))
+    grads = [(i, torch.zeros_like(t) if g is None else g) for i, t, g in leaf_grads]
     return [o.detach().clone() for o in outs], grads
 
 
 def run_case_f64_reference(case, values, grad_out, dtype):
     """The 16-bit golden of an op PyTorch cannot run in `dtype` on the CPU: F64 arithmetic on the rounded
     inputs, each result rounded once (module docstring)."""
-    ins = []
-    for spec, v in zip(case["inputs"], values):
-        if v.is_floating_point():
-            v = (v.to(dtype) if spec["cast16"] else v.to(torch.float32)).to(torch.float64)
-        with torch.no_grad():
-            t = apply_layout(v, spec["layout"])
-        if spec["requires_grad"]:
-            t.requires_grad_(True)
-        ins.append(t)
-    outs = OPS[case["op"]](case["attrs"], *ins)
-    leaves = [(i, t) for i, t in enumerate(ins) if case["inputs"][i]["requires_grad"]]
+    outs, leaf_grads = forward_backward(
+        case, values,
+        lambda v, spec: (v.to(dtype) if spec["cast16"] else v.to(torch.float32)).to(torch.float64),
+        # the C++ side casts grad_out to output 0's dtype
+        lambda out0: grad_out.to(dtype).to(torch.float64))
     grads = []
-    if leaves:
-        g_out = grad_out.to(dtype).to(torch.float64)  # the C++ side casts grad_out to output 0's dtype
-        gs = torch.autograd.grad([outs[0]], [t for _, t in leaves], [g_out], allow_unused=True)
-        for (i, t), g in zip(leaves, gs):
-            want = dtype if case["inputs"][i]["cast16"] else torch.float32
-            grads.append((i, (torch.zeros_like(t) if g is None else g).to(want)))
+    for i, t, g in leaf_grads:
+        want = dtype if case["inputs"][i]["cast16"] else torch.float32
+        grads.append((i, (torch.zeros_like(t) if g is None else g).to(want)))
     rounded = []
     for k, o in enumerate(outs):
         o = o.detach()
