@@ -1,6 +1,6 @@
 // Micro-benchmarks of single ops against PyTorch in the same run with the same thread count: GEMM,
 // conv2d forward and forward+backward (the small CNN's second conv, and a ResNet-style 3x3 conv),
-// elementwise ops and a reduction. Prints times and ratios (PyTorch time / ampforge time: > 1 means
+// batch norm + ReLU/SiLU forward+backward, elementwise ops and a reduction. Prints times and ratios (PyTorch time / ampforge time: > 1 means
 // ampforge is faster); never pass/fail. Usage: ops_bench [--threads N]
 #include <cstdio>
 #include <cstdlib>
@@ -67,6 +67,26 @@ int main(int argc, char** argv) {
       af::Tensor y = af::conv2d(x, w, af::Tensor(), at);
       af::autograd::grad({y}, {x, w}, {af::ops::ones_like(y)});
     });
+  }
+  // Batch norm + activation, forward and backward, channels-last, as conv blocks run it: ResNet-50's layer1
+  // (ReLU) and YOLOv8n's second stage at 640 (SiLU). "_pair" is ampforge's two separate ops, for reference.
+  struct BnActCase {
+    const char* name;
+    int64_t N, C, H, W;
+    af::NormAct act;
+  };
+  for (BnActCase c : {BnActCase{"bn_relu", 8, 64, 56, 56, af::NormAct::ReLU},
+                      BnActCase{"bn_silu", 2, 32, 160, 160, af::NormAct::SiLU}}) {
+    af::Tensor x = af::randn({c.N, c.C, c.H, c.W}).contiguous(af::MemoryFormat::ChannelsLast).requires_grad_();
+    af::Tensor w = af::ones({c.C}).requires_grad_(), b = af::zeros({c.C}).requires_grad_();
+    af::Tensor g = af::randn({c.N, c.C, c.H, c.W}).contiguous(af::MemoryFormat::ChannelsLast);
+    for (bool fused : {true, false})
+      ours[std::string(c.name) + (fused ? "_fwdbwd" : "_pair_fwdbwd")] = timeit([&] {
+        af::Tensor y = fused ? af::batch_norm_act(x, w, b, af::Tensor(), af::Tensor(), true, 0.1, 1e-5, c.act)
+                             : af::batch_norm(x, w, b, af::Tensor(), af::Tensor(), true, 0.1, 1e-5);
+        if (!fused) y = c.act == af::NormAct::ReLU ? af::relu(y) : af::silu(y);
+        af::autograd::grad({y}, {x, w, b}, {g});
+      });
   }
   const int64_t n = 1 << 22;
   af::Tensor x = af::randn({n}), y = af::randn({n});

@@ -40,6 +40,15 @@ def ops_bench():
             y = F.conv2d(x, w, padding=1)
             gx, gw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
         res[name + "_fwdbwd"] = timeit(fb)
+    for name, (N, C, H, W, act) in {"bn_relu": (8, 64, 56, 56, torch.relu),
+                                     "bn_silu": (2, 32, 160, 160, F.silu)}.items():
+        x = torch.randn(N, C, H, W).contiguous(memory_format=torch.channels_last).requires_grad_()
+        w, b = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
+        g = torch.randn(N, C, H, W).contiguous(memory_format=torch.channels_last)
+        def fb():
+            y = act(F.batch_norm(x, None, None, w, b, training=True))
+            torch.autograd.grad(y, (x, w, b), g)
+        res[name + "_fwdbwd"] = timeit(fb)
     n = 1 << 22
     x, y = torch.randn(n), torch.randn(n)
     res["add_4M"] = timeit(lambda: torch.add(x, y))

@@ -123,6 +123,12 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale_h = 2, int64_t scale_w 
 // weight/bias (C) or undefined; running stats (C) F32, or undefined (training only).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+// act(batch_norm(...)) for act = ReLU or SiLU (None: batch_norm), the pair every conv block of ResNet and YOLOv8
+// ends with. Same values and gradients as the two ops; on the CPU one kernel writes act(bn(x)) and the backward
+// recomputes bn(x) from x, so bn(x) is never stored and two elementwise passes each way disappear. On other
+// devices the two ops run as they are.
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum, double eps, NormAct act);
 // Normalises over the trailing dims given by normalized_shape.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);

@@ -73,10 +73,15 @@ struct UpsampleAttrs {
   int64_t scale_h = 2, scale_w = 2;
 };
 
+// An activation applied to batch_norm's output inside the same kernel (ops::batch_norm_act): y = act(bn(x)).
+// The backward kernel recomputes bn(x) from x, so neither bn(x) nor a mask is kept.
+enum class NormAct : uint8_t { None, ReLU, SiLU };
+
 struct BatchNormAttrs {
   bool training = true;
   double momentum = 0.1;
   double eps = 1e-5;
+  NormAct act = NormAct::None;  // CPU kernels only; ops/ composes the activation on other devices
 };
 
 struct LayerNormAttrs {

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -58,16 +59,59 @@ void* HostProvider::reserve(size_t bytes) {
 
 void HostProvider::unreserve(void* base, size_t bytes) noexcept {
 #if AF_HOST_VMM
+  {
+    // Parked pages inside the range go with it.
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto lo = reinterpret_cast<uintptr_t>(base), hi = lo + bytes;
+    for (auto it = parked_.begin(); it != parked_.end();)
+      it = it->second >= lo && it->second < hi ? parked_.erase(it) : std::next(it);
+    for (auto it = mapped_.begin(); it != mapped_.end();)
+      it = it->first >= lo && it->first < hi ? mapped_.erase(it) : std::next(it);
+  }
   munmap(base, bytes);
+#else
+  (void)base;
+  (void)bytes;
 #endif
 }
 
-std::optional<uint64_t> HostProvider::create_physical() { return next_handle_++; }
+std::optional<uint64_t> HostProvider::create_physical() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_handle_++;
+}
 
-void HostProvider::release_physical(uint64_t) noexcept {}
-
-void HostProvider::map(void* addr, uint64_t) {
+void HostProvider::release_physical(uint64_t handle) noexcept {
 #if AF_HOST_VMM
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = parked_.find(handle);
+  if (it == parked_.end()) return;
+  madvise(reinterpret_cast<void*>(it->second), granule_, MADV_DONTNEED);  // the pages go back to the kernel
+  parked_.erase(it);
+#else
+  (void)handle;
+#endif
+}
+
+void HostProvider::map(void* addr, uint64_t handle) {
+#if AF_HOST_VMM
+  std::lock_guard<std::mutex> lock(mu_);
+  bool moved = false;
+  if (const auto it = parked_.find(handle); it != parked_.end()) {
+    void* from = reinterpret_cast<void*>(it->second);
+    parked_.erase(it);
+#ifdef MREMAP_DONTUNMAP
+    if (from == addr) {
+      moved = true;  // mapped back where it sits: the pages are there already
+    } else {
+      // Moves the page tables (one PMD per huge page) to `addr`, replacing the PROT_NONE reservation there;
+      // `from` stays mapped, empty and PROT_NONE, so the source range stays reserved.
+      void* r = mremap(from, granule_, granule_, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, addr);
+      moved = r == addr;
+    }
+#endif
+    if (!moved) madvise(from, granule_, MADV_DONTNEED);  // no page moving: give them back, fault in fresh ones
+    else ++moved_;
+  }
   if (mprotect(addr, granule_, PROT_READ | PROT_WRITE) != 0)
     AF_THROW(Internal, "host provider: mprotect(READ|WRITE) of {} bytes at {} failed: {}", granule_, addr,
              std::strerror(errno));
@@ -75,17 +119,35 @@ void HostProvider::map(void* addr, uint64_t) {
   // Granules are 2 MiB-aligned multiples of 2 MiB: ask for transparent huge pages (Debian's default THP mode
   // is "madvise", so without this every tensor sits on 4 KiB pages). One TLB entry per 2 MiB instead of 512
   // matters for memory-bound kernels streaming tens of MiB. Advice only: failure is harmless.
-  if (granule_ % (size_t{2} << 20) == 0) madvise(addr, granule_, MADV_HUGEPAGE);
+  if (!moved && granule_ % (size_t{2} << 20) == 0) madvise(addr, granule_, MADV_HUGEPAGE);
 #endif
+  mapped_[reinterpret_cast<uintptr_t>(addr)] = handle;
+#else
+  (void)addr;
+  (void)handle;
 #endif
 }
 
 void HostProvider::unmap(void* addr) noexcept {
 #if AF_HOST_VMM
-  // Give the pages back to the kernel, then make the range inaccessible again (a use after unmap faults).
-  madvise(addr, granule_, MADV_DONTNEED);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Inaccessible (a use after unmap faults) but the pages stay with the handle until release_physical().
   mprotect(addr, granule_, PROT_NONE);
+  const auto it = mapped_.find(reinterpret_cast<uintptr_t>(addr));
+  if (it == mapped_.end()) {
+    madvise(addr, granule_, MADV_DONTNEED);
+    return;
+  }
+  parked_[it->second] = it->first;
+  mapped_.erase(it);
+#else
+  (void)addr;
 #endif
+}
+
+uint64_t HostProvider::pages_moved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return moved_;
 }
 
 // Simulated addresses start high (1 TiB) so that they are never mistaken for small integers, and keep

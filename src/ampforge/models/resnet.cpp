@@ -48,7 +48,7 @@ BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride, nn::ModulePtr
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {                 // (N, in, H, W)
-  Tensor out = (*relu)((*bn1)((*conv1)(x)));                  // (N, planes, H/s, W/s)
+  Tensor out = bn1->forward_act((*conv1)(x), NormAct::ReLU);  // (N, planes, H/s, W/s)
   out = (*bn2)((*conv2)(out));                                // (N, planes, H/s, W/s)
   const Tensor identity = downsample ? (*downsample)(x) : x;  // (N, planes, H/s, W/s)
   return (*relu)(add(out, identity));
@@ -70,8 +70,8 @@ Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, nn::ModulePtr
 }
 
 Tensor Bottleneck::forward(const Tensor& x) {                 // (N, in, H, W)
-  Tensor out = (*relu)((*bn1)((*conv1)(x)));                  // (N, width, H, W)
-  out = (*relu)((*bn2)((*conv2)(out)));                       // (N, width, H/s, W/s)
+  Tensor out = bn1->forward_act((*conv1)(x), NormAct::ReLU);  // (N, width, H, W)
+  out = bn2->forward_act((*conv2)(out), NormAct::ReLU);       // (N, width, H/s, W/s)
   out = (*bn3)((*conv3)(out));                                // (N, 4 planes, H/s, W/s)
   const Tensor identity = downsample ? (*downsample)(x) : x;  // (N, 4 planes, H/s, W/s)
   return (*relu)(add(out, identity));
@@ -139,7 +139,7 @@ std::shared_ptr<Sequential> ResNet::make_layer(int64_t planes, int64_t blocks, i
 }
 
 Tensor ResNet::forward(const Tensor& x) {                    // (N, C, 224, 224)
-  Tensor y = (*maxpool)((*relu)((*bn1)((*conv1)(x))));      // (N, 64, 56, 56)
+  Tensor y = (*maxpool)(bn1->forward_act((*conv1)(x), NormAct::ReLU));      // (N, 64, 56, 56)
   y = (*layer4)((*layer3)((*layer2)((*layer1)(y))));         // (N, 512 e, 7, 7)
   return (*fc)(flatten((*avgpool)(y), 1));                   // (N, classes)
 }

@@ -49,7 +49,7 @@ class SmallBasicBlock : public Module {
     }
   }
   Tensor forward(const Tensor& x) override {
-    Tensor y = relu((*bn1)((*conv1)(x)));
+    Tensor y = bn1->forward_act((*conv1)(x), NormAct::ReLU);
     y = (*bn2)((*conv2)(y));
     Tensor id = downsample ? (*downsample)(x) : x;
     return relu(add(y, id));

@@ -56,7 +56,7 @@ YoloConv::YoloConv(int64_t c_in, int64_t c_out, int64_t k, int64_t stride) : Mod
   b.eps = 1e-3, b.momentum = 0.03;  // initialize_weights() sets these on every BatchNorm2d
   bn = register_module("bn", std::make_shared<BatchNorm2d>(c_out, b));
 }
-Tensor YoloConv::forward(const Tensor& x) { return silu((*bn)((*conv)(x))); }
+Tensor YoloConv::forward(const Tensor& x) { return bn->forward_act((*conv)(x), NormAct::SiLU); }
 
 // ---- Bottleneck ---------------------------------------------------------------------------------------------
 YoloBottleneck::YoloBottleneck(int64_t c_in, int64_t c_out, bool shortcut, double e)

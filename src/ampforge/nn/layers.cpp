@@ -60,10 +60,11 @@ BatchNorm2d::BatchNorm2d(int64_t c, BatchNormOptions opt) : Module("BatchNorm2d"
     num_batches_tracked = register_buffer("num_batches_tracked", ops::zeros({}, DType::I64));
   }
 }
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return forward_act(x, NormAct::None); }
+Tensor BatchNorm2d::forward_act(const Tensor& x, NormAct act) {
   const bool use_batch_stats = is_training() || !running_mean.defined();
   if (is_training() && num_batches_tracked.defined()) ops::add_(num_batches_tracked, ops::ones({}, DType::I64, num_batches_tracked.device()));
-  return batch_norm(x, weight, bias, running_mean, running_var, use_batch_stats, options.momentum, options.eps);
+  return batch_norm_act(x, weight, bias, running_mean, running_var, use_batch_stats, options.momentum, options.eps, act);
 }
 std::string BatchNorm2d::extra_repr() const {
   return fmt::format("{}, eps={}, momentum={}", num_features, options.eps, options.momentum);

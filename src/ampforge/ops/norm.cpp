@@ -1,6 +1,7 @@
 // ops/: batch_norm and layer_norm (forward and backward): validation, layout, output allocation, dispatch.
 // The CPU kernels read batch_norm operands as contiguous (N, C, *) or channels-last (N, H, W, C); anything
 // else is copied into one of those first (channels-last when x suggests it).
+#include "ampforge/backends/meta/meta.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::ops {
@@ -42,6 +43,9 @@ BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tenso
   AF_CHECK(attrs.training || running_mean.defined(),
            "batch_norm: running_mean and running_var are required when training is false");
   AF_CHECK(attrs.eps >= 0, "batch_norm: eps must be >= 0, got {}", attrs.eps);
+  AF_CHECK(attrs.act == NormAct::None || batch_norm_fuses_activation(x_in.device()),
+           "batch_norm: a fused activation runs on the CPU only, not on {} (use batch_norm_act in autograd/functions.h, "
+           "which composes it elsewhere)", x_in.device().str());
   const int64_t per_channel = C == 0 ? 0 : x_in.numel() / C;
   AF_CHECK(!attrs.training || per_channel > 1,
            "batch_norm: expected more than 1 value per channel when training, got input shape {}",
@@ -61,13 +65,18 @@ BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tenso
   return r;
 }
 
+bool batch_norm_fuses_activation(Device device) { return meta::stands_for(device) == DeviceType::CPU; }
+
 NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tensor& weight, const Tensor& save_mean,
-                              const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want) {
+                              const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want,
+                              const Tensor& bias) {
   check_defined(grad, "batch_norm_backward", "grad");
   check_defined(x_in, "batch_norm_backward", "input");
   AF_CHECK(grad.shape() == x_in.shape(), "batch_norm_backward: grad shape {} differs from the input shape {}",
            grad.shape().str(), x_in.shape().str());
   check_same_device(grad, x_in, "batch_norm_backward");
+  AF_CHECK(attrs.act == NormAct::None || batch_norm_fuses_activation(x_in.device()),
+           "batch_norm_backward: a fused activation runs on the CPU only, not on {}", x_in.device().str());
   const MemoryFormat fmt = bn_format(x_in);
   Tensor x = contiguous(x_in, fmt);
   Tensor g = contiguous(to_dtype(grad, x.dtype()), fmt);
@@ -78,7 +87,7 @@ NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tens
   const DType pdt = weight.defined() ? weight.dtype() : stat_dtype(x.dtype());
   if (want[1] && weight.defined()) r.grad_weight = Tensor::empty({C}, pdt, x.device());
   if (want[2]) r.grad_bias = Tensor::empty({C}, pdt, x.device());
-  dispatch(OpId::batch_norm_backward, x.device(), {g, x, weight, save_mean, save_invstd},
+  dispatch(OpId::batch_norm_backward, x.device(), {g, x, weight, save_mean, save_invstd, bias},
            {r.grad_input, r.grad_weight, r.grad_bias}, &attrs);
   return r;
 }

@@ -115,15 +115,22 @@ struct BatchNormResult {
   Tensor save_invstd;  // (C): 1/sqrt(var + eps) of the batch (biased) or running variance
 };
 // x (N, C, *); weight, bias, running_mean, running_var: (C) or undefined. Training updates the running
-// stats in place (momentum, unbiased variance). Eval requires the running stats.
+// stats in place (momentum, unbiased variance). Eval requires the running stats. attrs.act: out =
+// act(bn(x)) in the same pass (devices where batch_norm_fuses_activation).
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                            const Tensor& running_var, const BatchNormAttrs& attrs);
 struct NormGrads {
   Tensor grad_input, grad_weight, grad_bias;  // undefined where not asked for
 };
 // want = {input, weight, bias}: which gradients to compute (weight/bias only when weight is defined).
+// attrs.act != None (the forward applied an activation, attrs the forward's): grad is the gradient of
+// act(bn(x)); bn(x) is recomputed from x, save_mean, save_invstd, weight and `bias` (the forward's).
 NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                              const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want);
+                              const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want,
+                              const Tensor& bias = Tensor());
+// Whether batch_norm's kernels on this device apply attrs.act themselves (the CPU, and a meta device standing
+// for it); elsewhere attrs.act must be None.
+bool batch_norm_fuses_activation(Device device);
 struct LayerNormResult {
   Tensor out;   // x's shape, contiguous
   Tensor mean;  // (*leading, 1, ..., 1): one per normalised row

@@ -796,6 +796,13 @@ TEST(Pool2d, LayoutsGiveIdenticalValues) {
   Tensor gu = rnd({2, 6, 18, 24}, DType::F32);
   EXPECT_EQ(vals(ops::upsample_nearest2d_backward(gu, x.shape(), 2, 3)),
             vals(ops::upsample_nearest2d_backward(in_layout(gu, kNHWC), x.shape(), 2, 3)));
+  // A gradient that is a channel slice of a channels-last tensor (a concatenation's backward), into a channels-
+  // last gradient: the same values as from the contiguous gradient.
+  Tensor wide = in_layout(rnd({2, 10, 18, 24}, DType::F32), kNHWC);
+  Tensor slice = ops::slice(wide, 1, 3, 9, 1);
+  ASSERT_FALSE(slice.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(vals(ops::upsample_nearest2d_backward(slice, x.shape(), 2, 3, MemoryFormat::ChannelsLast)),
+            vals(ops::upsample_nearest2d_backward(ops::contiguous(slice), x.shape(), 2, 3)));
 }
 
 TEST(Pool2d, AutogradMatchesFiniteDifferences) {

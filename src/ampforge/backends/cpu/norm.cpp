@@ -31,6 +31,7 @@
 
 #include "ampforge/backends/cpu/loops.h"
 #include "ampforge/backends/cpu/register.h"
+#include "ampforge/backends/cpu/vec_math.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
 
@@ -123,11 +124,97 @@ void check_same_layout(const Tensor& t, const Tensor& x, const char* what) {
             x.shape().str());
 }
 
-// Per-channel sums over the data: su[c] = sum(u), suv[c] = sum(u * v), where u = a - ka[c] and
-// v = b - kb[c] elementwise (a, b laid out as described by sh). Fixed blocks, double accumulation.
+// Rows layout: the kernels move whole tiles of rows (about 1024 values) per step, so that a small C (YOLOv8n's 16-
+// and 32-channel stages) does not pay per-row overheads (a loader call, an exp call on 16 values) 51200 times.
+// Per-channel vectors are tiled to match: element i of a tile has channel i % C.
+inline int64_t rows_per_tile(int64_t C) { return std::max<int64_t>(1, 1024 / std::max<int64_t>(C, 1)); }
+
+template <class A>
+std::vector<A> tiled(const A* v, int64_t C, int64_t rows) {
+  std::vector<A> t(static_cast<size_t>(C * rows));
+  for (int64_t r = 0; r < rows; ++r) std::copy(v, v + C, t.begin() + r * C);
+  return t;
+}
+
+// Loaders hand the kernels below the "a" operand as compute-type values. Call: load(off, n, c, buf) with
+// off the element offset, n the count and c the channel of all n elements (planes) or -1 when element i is
+// channel i % C (rows: whole rows, at most a tile; per-channel vectors are tiled); the result points at the
+// values (the memory itself, or buf).
 template <class S>
-void channel_sums(const BnShape& sh, const S* a, const S* b, const double* ka, const double* kb, double* su,
-                  double* suv) {
+struct PlainLoad {
+  using A = compute_t<S>;
+  const S* p;
+  const A* operator()(int64_t off, int64_t n, int64_t, A* buf) const { return as_compute<S, A>(p + off, buf, n); }
+};
+
+// sigmoid(z) = 1 / (1 + exp(-z)) over n values, as the silu kernels compute it (backends/cpu/elementwise.cpp),
+// so a fused activation gives the values of the separate ops.
+inline void sigmoid_n(float* s, const float* z, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) s[i] = -z[i];
+  vmath::exp(s, s, n);
+  for (int64_t i = 0; i < n; ++i) s[i] = 1.0f / (1.0f + s[i]);
+}
+inline void sigmoid_n(double* s, const double* z, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) s[i] = 1.0 / (1.0 + std::exp(-z[i]));
+}
+
+// y = act(y) in place over n values; t is scratch of n.
+template <NormAct kAct, class A>
+inline void act_n(A* y, A* t, int64_t n) {
+  if constexpr (kAct == NormAct::ReLU) {
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] > A(0) ? y[i] : A(0);
+  } else if constexpr (kAct == NormAct::SiLU) {
+    sigmoid_n(t, y, n);
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] * t[i];
+  }
+}
+
+// The gradient before the activation, dz = g * act'(z) with z = x * scale[c] + shift[c] recomputed from the
+// saved input (the forward's y = act(z) is not kept). Per-thread scratch: loaders are called per row/chunk.
+// store (S == A only): also write dz there (at the same offsets), so that a later pass reads it instead of
+// recomputing it; SiLU's backward does this, its exp costs more than the extra pass of memory.
+template <class S, NormAct kAct>
+struct ActGradLoad {
+  using A = compute_t<S>;
+  const S* g;
+  const S* x;
+  const A* scale;
+  const A* shift;
+  S* store = nullptr;
+  const A* operator()(int64_t off, int64_t n, int64_t c, A* buf) const {
+    if constexpr (std::is_same_v<S, A>)
+      if (store != nullptr) buf = store + off;
+    thread_local std::vector<A> xs, zs;
+    if (static_cast<int64_t>(xs.size()) < n) {
+      xs.resize(static_cast<size_t>(n));
+      zs.resize(static_cast<size_t>(n));
+    }
+    const A* xv = as_compute<S, A>(x + off, xs.data(), n);
+    const A* gv = as_compute<S, A>(g + off, buf, n);  // may be the memory itself: written to buf below
+    A* z = zs.data();
+    if (c < 0) {
+      for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * scale[i] + shift[i];
+    } else {
+      const A sc = scale[c], sh = shift[c];
+      for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * sc + sh;
+    }
+    if constexpr (kAct == NormAct::ReLU) {
+      for (int64_t i = 0; i < n; ++i) buf[i] = z[i] > A(0) ? gv[i] : A(0);
+    } else {
+      A* s = xs.data();  // x is no longer needed (when xv aliases x's memory, xs is unused scratch anyway)
+      sigmoid_n(s, z, n);
+      for (int64_t i = 0; i < n; ++i) buf[i] = gv[i] * s[i] * (A(1) + z[i] * (A(1) - s[i]));
+    }
+    return buf;
+  }
+};
+
+// Per-channel sums over the data: su[c] = sum(u), suv[c] = sum(u * v), where u = a - ka[c] and
+// v = b - kb[c] elementwise (a from load_a; a_is_b: a is b itself, loaded once). Fixed blocks, double
+// accumulation.
+template <class S, class LoadA>
+void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* b, const double* ka,
+                  const double* kb, double* su, double* suv) {
   using A = compute_t<S>;
   const int64_t C = sh.C;
   std::fill(su, su + C, 0.0);
@@ -138,21 +225,27 @@ void channel_sums(const BnShape& sh, const S* a, const S* b, const double* ka, c
     const int64_t rows_per_block = std::max<int64_t>(1, kBlockElems / C);
     const int64_t nblk = (R + rows_per_block - 1) / rows_per_block;
     std::vector<double> partial(static_cast<size_t>(nblk * 2 * C));
+    const int64_t tile = rows_per_tile(C);
     parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<A> abuf(static_cast<size_t>(C)), bbuf(static_cast<size_t>(C));
+      std::vector<A> abuf(static_cast<size_t>(C * tile)), bbuf(static_cast<size_t>(C * tile));
       for (int64_t blk = b0; blk < b1; ++blk) {
         double* pu = partial.data() + blk * 2 * C;
         double* puv = pu + C;
         std::fill(pu, pu + 2 * C, 0.0);
         const int64_t r1 = std::min(R, (blk + 1) * rows_per_block);
-        for (int64_t r = blk * rows_per_block; r < r1; ++r) {
-          const A* ar = as_compute<S, A>(a + r * C, abuf.data(), C);
-          const A* br = a == b ? ar : as_compute<S, A>(b + r * C, bbuf.data(), C);
-          for (int64_t c = 0; c < C; ++c) {
-            const double u = static_cast<double>(ar[c]) - ka[c];
-            const double v = static_cast<double>(br[c]) - kb[c];
-            pu[c] += u;
-            puv[c] += u * v;
+        for (int64_t t = blk * rows_per_block; t < r1; t += tile) {
+          const int64_t m = std::min(tile, r1 - t);
+          const A* at = load_a(t * C, m * C, -1, abuf.data());
+          const A* bt = a_is_b ? at : as_compute<S, A>(b + t * C, bbuf.data(), m * C);
+          for (int64_t r = 0; r < m; ++r) {  // row by row: the order of the sums does not depend on the tile
+            const A* ar = at + r * C;
+            const A* br = bt + r * C;
+            for (int64_t c = 0; c < C; ++c) {
+              const double u = static_cast<double>(ar[c]) - ka[c];
+              const double v = static_cast<double>(br[c]) - kb[c];
+              pu[c] += u;
+              puv[c] += u * v;
+            }
           }
         }
       }
@@ -183,8 +276,8 @@ void channel_sums(const BnShape& sh, const S* a, const S* b, const double* ka, c
         const int64_t off = (n * C + c) * I;
         for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
           const int64_t m = std::min(kChunk, I - i0);
-          const A* ar = as_compute<S, A>(a + off + i0, abuf, m);
-          const A* br = a == b ? ar : as_compute<S, A>(b + off + i0, bbuf, m);
+          const A* ar = load_a(off + i0, m, c, abuf);
+          const A* br = a_is_b ? ar : as_compute<S, A>(b + off + i0, bbuf, m);
           int64_t i = 0;
           for (; i + 8 <= m; i += 8)
             for (int l = 0; l < 8; ++l) {
@@ -216,28 +309,35 @@ void channel_sums(const BnShape& sh, const S* a, const S* b, const double* ka, c
     }
 }
 
-// out = a * alpha[c] + gamma[c]                         (kTwo = false)
-// out = a * alpha[c] + (b - kb[c]) * beta[c] + gamma[c]   (kTwo = true)
-// Elementwise per channel, any partition (no cross-element arithmetic).
-template <class S, bool kTwo>
-void channel_apply(const BnShape& sh, const S* a, const S* b, S* out, const compute_t<S>* alpha,
+// out = act(a * alpha[c] + gamma[c])                      (kTwo = false)
+// out = a * alpha[c] + (b - kb[c]) * beta[c] + gamma[c]   (kTwo = true; kAct must be None)
+// a from load_a. Elementwise per channel, any partition (no cross-element arithmetic).
+template <class S, bool kTwo, NormAct kAct = NormAct::None, class LoadA>
+void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, const compute_t<S>* alpha,
                    const compute_t<S>* beta, const compute_t<S>* kb, const compute_t<S>* gamma) {
+  static_assert(!kTwo || kAct == NormAct::None);
   using A = compute_t<S>;
   const int64_t C = sh.C;
   if (sh.count() == 0) return;
   if (sh.rows) {
+    const int64_t tile = rows_per_tile(C);
+    const std::vector<A> alt = tiled(alpha, C, tile), gat = tiled(gamma, C, tile);
+    const std::vector<A> bet = kTwo ? tiled(beta, C, tile) : std::vector<A>(), kbt = kTwo ? tiled(kb, C, tile) : std::vector<A>();
     parallel_for(sh.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
-      std::vector<A> abuf(static_cast<size_t>(C)), bbuf(static_cast<size_t>(C)), obuf(static_cast<size_t>(C));
-      for (int64_t r = r0; r < r1; ++r) {
-        const A* ar = as_compute<S, A>(a + r * C, abuf.data(), C);
+      std::vector<A> abuf(static_cast<size_t>(C * tile)), bbuf(static_cast<size_t>(C * tile)),
+          obuf(static_cast<size_t>(C * tile));
+      for (int64_t r = r0; r < r1; r += tile) {
+        const int64_t n = std::min(tile, r1 - r) * C;
+        const A* ar = load_a(r * C, n, -1, abuf.data());
         A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(out + r * C) : obuf.data();
         if constexpr (kTwo) {
-          const A* br = as_compute<S, A>(b + r * C, bbuf.data(), C);
-          for (int64_t c = 0; c < C; ++c) o[c] = ar[c] * alpha[c] + (br[c] - kb[c]) * beta[c] + gamma[c];
+          const A* br = as_compute<S, A>(b + r * C, bbuf.data(), n);
+          for (int64_t i = 0; i < n; ++i) o[i] = ar[i] * alt[i] + (br[i] - kbt[i]) * bet[i] + gat[i];
         } else {
-          for (int64_t c = 0; c < C; ++c) o[c] = ar[c] * alpha[c] + gamma[c];
+          for (int64_t i = 0; i < n; ++i) o[i] = ar[i] * alt[i] + gat[i];
+          act_n<kAct>(o, bbuf.data(), n);
         }
-        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + r * C, C);
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + r * C, n);
       }
     });
     return;
@@ -254,13 +354,14 @@ void channel_apply(const BnShape& sh, const S* a, const S* b, S* out, const comp
       for (int64_t i0 = 0; i0 < I; i0 += kChunk) {
         const int64_t m = std::min(kChunk, I - i0);
         const int64_t off = p * I + i0;
-        const A* ar = as_compute<S, A>(a + off, abuf, m);
+        const A* ar = load_a(off, m, c, abuf);
         A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(out + off) : obuf;
         if constexpr (kTwo) {
           const A* br = as_compute<S, A>(b + off, bbuf, m);
           for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + (br[i] - k) * be + ga;
         } else {
           for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + ga;
+          act_n<kAct>(o, bbuf, m);
         }
         if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + off, m);
       }
@@ -268,9 +369,35 @@ void channel_apply(const BnShape& sh, const S* a, const S* b, S* out, const comp
   });
 }
 
+// Runs f with the activation as a compile-time constant.
+template <class F>
+void with_act(NormAct act, F&& f) {
+  switch (act) {
+    case NormAct::None: return f(std::integral_constant<NormAct, NormAct::None>{});
+    case NormAct::ReLU: return f(std::integral_constant<NormAct, NormAct::ReLU>{});
+    case NormAct::SiLU: return f(std::integral_constant<NormAct, NormAct::SiLU>{});
+  }
+}
+
 template <class A>
 std::vector<A> cast_vec(const std::vector<double>& v) {
   return std::vector<A>(v.begin(), v.end());
+}
+
+// y = (x - mean) * invstd * w + b = x * scale + shift, coefficients folded in double. One function for the
+// forward and the fused-activation backward, which must recompute the forward's pre-activation bit for bit.
+template <class A>
+void fold_scale_shift(const std::vector<double>& mean, const std::vector<double>& invstd, const Tensor& w,
+                      const Tensor& b, std::vector<A>& scale, std::vector<A>& shift) {
+  const int64_t C = static_cast<int64_t>(mean.size());
+  const std::vector<double> wv = load_vec(w, C, 1.0), bv = load_vec(b, C, 0.0);
+  scale.resize(static_cast<size_t>(C));
+  shift.resize(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const double sc = invstd[c] * wv[c];
+    scale[c] = static_cast<A>(sc);
+    shift[c] = static_cast<A>(bv[c] - mean[c] * sc);
+  }
 }
 
 void batch_norm_kernel(const KernelArgs& args) {
@@ -290,7 +417,7 @@ void batch_norm_kernel(const KernelArgs& args) {
       AF_ASSERT(M > 0, "batch_norm: training with an empty channel");
       std::vector<double> shift(C), s1(C), s2(C);
       for (int64_t c = 0; c < C; ++c) shift[c] = to_d(xp[sh.rows ? c : c * sh.inner]);
-      channel_sums<S>(sh, xp, xp, shift.data(), shift.data(), s1.data(), s2.data());
+      channel_sums<S>(sh, PlainLoad<S>{xp}, true, xp, shift.data(), shift.data(), s1.data(), s2.data());
       std::vector<double> var(C);
       for (int64_t c = 0; c < C; ++c) {
         const double m1 = s1[c] / static_cast<double>(M);
@@ -315,20 +442,23 @@ void batch_norm_kernel(const KernelArgs& args) {
     }
     store_vec(save_mean, mean);
     store_vec(save_invstd, invstd);
-    // y = (x - mean) * invstd * w + b = x * scale + shift, coefficients folded in double.
-    const std::vector<double> wv = load_vec(w, C, 1.0), bv = load_vec(b, C, 0.0);
-    std::vector<double> scale(C), shift(C);
-    for (int64_t c = 0; c < C; ++c) {
-      scale[c] = invstd[c] * wv[c];
-      shift[c] = bv[c] - mean[c] * scale[c];
+    if (at.act != NormAct::None) {
+      // Fold what was saved (the statistics' dtype), as the backward will.
+      mean = load_vec(save_mean, C, 0.0);
+      invstd = load_vec(save_invstd, C, 1.0);
     }
-    const std::vector<A> sa = cast_vec<A>(scale), sb = cast_vec<A>(shift);
-    channel_apply<S, false>(sh, xp, nullptr, static_cast<S*>(y.data_ptr()), sa.data(), nullptr, nullptr, sb.data());
+    std::vector<A> sa, sb;
+    fold_scale_shift(mean, invstd, w, b, sa, sb);
+    with_act(at.act, [&](auto act) {
+      channel_apply<S, false, decltype(act)::value>(sh, PlainLoad<S>{xp}, nullptr, static_cast<S*>(y.data_ptr()),
+                                                    sa.data(), nullptr, nullptr, sb.data());
+    });
   });
 }
 
 void batch_norm_backward_kernel(const KernelArgs& args) {
   const Tensor &g = args.in(0), &x = args.in(1), &w = args.in(2), &smean = args.in(3), &sinv = args.in(4);
+  const Tensor& bias = args.in(5);  // read only with an activation (to recompute its input)
   const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2);
   const auto& at = args.attr<BatchNormAttrs>();
   const BnShape sh = bn_shape(x);
@@ -341,39 +471,69 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
     using A = compute_t<S>;
     const S* xp = static_cast<const S*>(x.data_ptr());
     const S* gp = static_cast<const S*>(g.data_ptr());
-    std::vector<double> sg(C, 0.0), sgx(C, 0.0);  // sum(g), sum(g * (x - mean))
-    const bool need_sums = (at.training && gx.defined()) || gw.defined() || gb.defined();
-    if (need_sums) {
-      const std::vector<double> zero(C, 0.0);
-      channel_sums<S>(sh, gp, xp, zero.data(), mean.data(), sg.data(), sgx.data());
+    std::vector<A> sa, sb;  // the forward's scale and shift (fused activation)
+    if (at.act != NormAct::None) {
+      fold_scale_shift(mean, invstd, w, bias, sa, sb);
+      if (sh.rows) {  // the loader indexes them by position in a tile of rows
+        sa = tiled(sa.data(), C, rows_per_tile(C));
+        sb = tiled(sb.data(), C, rows_per_tile(C));
+      }
     }
-    if (gb.defined()) store_vec(gb, sg);
-    if (gw.defined()) {
-      std::vector<double> v(C);
-      for (int64_t c = 0; c < C; ++c) v[c] = sgx[c] * invstd[c];
-      store_vec(gw, v);
-    }
-    if (!gx.defined()) return;
-    S* out = static_cast<S*>(gx.data_ptr());
-    if (!at.training) {  // running statistics are constants: dx = g * invstd * w
-      std::vector<double> alpha(C), zero(C, 0.0);
-      for (int64_t c = 0; c < C; ++c) alpha[c] = invstd[c] * wv[c];
-      const std::vector<A> al = cast_vec<A>(alpha), ze = cast_vec<A>(zero);
-      channel_apply<S, false>(sh, gp, nullptr, out, al.data(), nullptr, nullptr, ze.data());
-      return;
-    }
-    // dx = k * (g - mean(g) - (x - mean) * invstd^2 * mean(g * (x - mean))), k = invstd * w
-    std::vector<double> alpha(C), beta(C), gamma(C);
-    for (int64_t c = 0; c < C; ++c) {
-      const double k = invstd[c] * wv[c];
-      const double proj = sgx[c] * invstd[c] * invstd[c] / static_cast<double>(M);
-      alpha[c] = k;
-      beta[c] = -k * proj;
-      gamma[c] = -k * sg[c] / static_cast<double>(M);
-    }
-    const std::vector<A> al = cast_vec<A>(alpha), be = cast_vec<A>(beta), ga = cast_vec<A>(gamma),
-                         mu = cast_vec<A>(mean);
-    channel_apply<S, true>(sh, gp, xp, out, al.data(), be.data(), mu.data(), ga.data());
+    with_act(at.act, [&](auto act_c) {
+      constexpr NormAct kAct = decltype(act_c)::value;
+      // The incoming gradient as the kernels see it: g itself, or g * act'(x * scale + shift).
+      auto load_g = [&] {
+        if constexpr (kAct == NormAct::None)
+          return PlainLoad<S>{gp};
+        else
+          return ActGradLoad<S, kAct>{gp, xp, sa.data(), sb.data()};
+      }();
+      std::vector<double> sg(C, 0.0), sgx(C, 0.0);  // sum(g), sum(g * (x - mean))
+      const bool need_sums = (at.training && gx.defined()) || gw.defined() || gb.defined();
+      // SiLU in training: the sums pass leaves dz in grad_input and the last pass reads it from there.
+      bool dz_in_out = false;
+      if constexpr (kAct == NormAct::SiLU && std::is_same_v<S, A>) dz_in_out = need_sums && at.training && gx.defined();
+      if (need_sums) {
+        const std::vector<double> zero(C, 0.0);
+        if constexpr (kAct == NormAct::SiLU) {
+          auto load_store = load_g;
+          if (dz_in_out) load_store.store = static_cast<S*>(gx.data_ptr());
+          channel_sums<S>(sh, load_store, false, xp, zero.data(), mean.data(), sg.data(), sgx.data());
+        } else {
+          channel_sums<S>(sh, load_g, false, xp, zero.data(), mean.data(), sg.data(), sgx.data());
+        }
+      }
+      if (gb.defined()) store_vec(gb, sg);
+      if (gw.defined()) {
+        std::vector<double> v(C);
+        for (int64_t c = 0; c < C; ++c) v[c] = sgx[c] * invstd[c];
+        store_vec(gw, v);
+      }
+      if (!gx.defined()) return;
+      S* out = static_cast<S*>(gx.data_ptr());
+      if (!at.training) {  // running statistics are constants: dx = g * invstd * w
+        std::vector<double> alpha(C), zero(C, 0.0);
+        for (int64_t c = 0; c < C; ++c) alpha[c] = invstd[c] * wv[c];
+        const std::vector<A> al = cast_vec<A>(alpha), ze = cast_vec<A>(zero);
+        channel_apply<S, false>(sh, load_g, nullptr, out, al.data(), nullptr, nullptr, ze.data());
+        return;
+      }
+      // dx = k * (g - mean(g) - (x - mean) * invstd^2 * mean(g * (x - mean))), k = invstd * w
+      std::vector<double> alpha(C), beta(C), gamma(C);
+      for (int64_t c = 0; c < C; ++c) {
+        const double k = invstd[c] * wv[c];
+        const double proj = sgx[c] * invstd[c] * invstd[c] / static_cast<double>(M);
+        alpha[c] = k;
+        beta[c] = -k * proj;
+        gamma[c] = -k * sg[c] / static_cast<double>(M);
+      }
+      const std::vector<A> al = cast_vec<A>(alpha), be = cast_vec<A>(beta), ga = cast_vec<A>(gamma),
+                           mu = cast_vec<A>(mean);
+      if (dz_in_out)  // reads dz and writes dx at the same index: in place is safe
+        channel_apply<S, true>(sh, PlainLoad<S>{out}, xp, out, al.data(), be.data(), mu.data(), ga.data());
+      else
+        channel_apply<S, true>(sh, load_g, xp, out, al.data(), be.data(), mu.data(), ga.data());
+    });
   });
 }
 

@@ -415,7 +415,11 @@ void upsample_backward(const Tensor& gy, const Tensor& gx, const UpsampleAttrs& 
   const S* gyp = static_cast<const S*>(gy.data_ptr());
   S* gxp = static_cast<S*>(gx.data_ptr());
   const int64_t C = in.C, sh = a.scale_h, sw = a.scale_w;
-  if (all_channels_last({&gy, &gx})) {
+  // Channels-last gx, and gy with contiguous channels: channels-last itself, or a channel slice of a wider
+  // channels-last tensor (YOLOv8's neck: the upsampled map is concatenated, so its gradient is a slice of the
+  // concatenation's). The strided per-plane loop below would walk such a gy C elements apart.
+  if (gx.is_contiguous(MemoryFormat::ChannelsLast) && (gy.stride(1) == 1 || C == 1)) {
+    const int64_t s0 = gy.stride(0), s2 = gy.stride(2), s3 = gy.stride(3);
     parallel_for(in.N * in.H, grain_for(in.W * sh * sw * C), [&](int64_t r0, int64_t r1) {
       std::vector<A> row(C), acc(C);
       for (int64_t r = r0; r < r1; ++r) {
@@ -424,7 +428,7 @@ void upsample_backward(const Tensor& gy, const Tensor& gx, const UpsampleAttrs& 
           std::fill(acc.begin(), acc.end(), A(0));
           for (int64_t i = 0; i < sh; ++i)
             for (int64_t j = 0; j < sw; ++j) {
-              load_n<S, A>(gyp + ((n * out.H + ih * sh + i) * out.W + iw * sw + j) * C, row.data(), C);
+              load_n<S, A>(gyp + n * s0 + (ih * sh + i) * s2 + (iw * sw + j) * s3, row.data(), C);
               for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
             }
           store_n<S, A>(acc.data(), gxp + (r * in.W + iw) * C, C);
