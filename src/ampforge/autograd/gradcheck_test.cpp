@@ -85,6 +85,28 @@ TEST(Gradcheck, KeepsDenseLayouts) {
   EXPECT_TRUE(saw_channels_last);
 }
 
+// split/chunk have one backward for all pieces: pieces without a gradient count as zeros, and a channels-last
+// input gets a channels-last gradient.
+TEST(ShapeGradients, SplitAndChunkWithAnUnusedPiece) {
+  Tensor x = ops::contiguous(randn({2, 7, 3, 2}), MemoryFormat::ChannelsLast).requires_grad_();
+  auto r = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        std::vector<Tensor> c = chunk(in[0], 3, 1);  // 3 + 3 + 1 channels; the middle one unused
+        std::vector<Tensor> s = split(in[0], 4, 1);  // 4 + 3
+        return add(mul(sigmoid(c[0]), c[0]), add(mul(sum(c[2]), sum(c[2])), sum(mul(s[1], s[1]))));
+      },
+      {x});
+  EXPECT_TRUE(r.ok) << r.message;
+  std::vector<Tensor> c = chunk(x, 2, 1);
+  sum(mul(c[1], c[1])).backward();
+  EXPECT_TRUE(x.grad().is_contiguous(MemoryFormat::ChannelsLast));
+  const std::vector<float> g = ops::contiguous(x.grad()).tolist<float>(), v = ops::contiguous(x).tolist<float>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int64_t ch = static_cast<int64_t>(i / 6) % 7;  // NCHW order: 3 x 2 elements per channel
+    EXPECT_EQ(g[i], ch < 4 ? 0.0f : 2 * v[i]) << i;
+  }
+}
+
 TEST(ToleranceTable, MatchesTheDocumentedNumbers) {
   // DESIGN.md: F32 eps 2^-23, BF16 2^-8 unit roundoff, F16 2^-11 (unit roundoff).
   static_assert(tolerance(DType::F32).eps == 1.0 / (1 << 23));

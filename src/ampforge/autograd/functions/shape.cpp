@@ -15,14 +15,22 @@ namespace {
 
 Tensor reshape_like_input(const Tensor& g, const Shape& s) { return ops::reshape(g, s); }
 
+// The layout an input's gradient is built in: the input's own (channels-last images stay channels-last, so
+// the scatter below is a straight copy and the producer's backward gets the layout it wrote).
+MemoryFormat grad_layout(const Tensor& x) {
+  return x.dim() == 4 ? ops::image_memory_format(x) : MemoryFormat::Contiguous;
+}
+
 // Records a view whose backward scatters the gradient into zeros of the input's shape.
 void record_slice_like(const char* name, const Tensor& x, const Tensor& out,
                        std::function<Tensor(const Tensor&)> same_view) {
   const Shape s = x.shape();
   const DType dt = x.dtype();
   const Device dev = x.device();
-  record(name, {x}, {out}, [s, dt, dev, same_view](const Grads& g) -> Grads {
-    Tensor gi = ops::zeros(s, dt, dev);
+  const MemoryFormat fmt = grad_layout(x);
+  record(name, {x}, {out}, [s, dt, dev, fmt, same_view](const Grads& g) -> Grads {
+    Tensor gi = Tensor::empty(s, dt, dev, fmt);
+    ops::fill_(gi, 0.0);
     ops::copy_(same_view(gi), g[0]);
     return {gi};
   });
@@ -228,7 +236,33 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   AF_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
   const int d = wrap_dim(dim, x.dim(), "split");
   std::vector<Tensor> out;
-  for (int64_t s = 0; s < x.shape()[d]; s += split_size) out.push_back(narrow(x, d, s, std::min(split_size, x.shape()[d] - s)));
+  std::vector<int64_t> sizes;
+  for (int64_t s = 0; s < x.shape()[d]; s += split_size) {
+    sizes.push_back(std::min(split_size, x.shape()[d] - s));
+    out.push_back(ops::narrow(x, d, s, sizes.back()));
+  }
+  // One node for all pieces (PyTorch's SplitBackward): the input's gradient is the pieces' gradients written
+  // side by side, zeros where a piece got none. One pass over the gradient, where a backward per piece would
+  // build a full-size zero gradient for each and then add them (YOLOv8's C2f splits every block's input).
+  if (needs_grad({&x})) {
+    const Shape s = x.shape();
+    const DType dt = x.dtype();
+    const Device dev = x.device();
+    const MemoryFormat fmt = grad_layout(x);
+    record("SplitBackward", {x}, out, [s, dt, dev, fmt, d, sizes](const Grads& g) -> Grads {
+      Tensor gi = Tensor::empty(s, dt, dev, fmt);
+      int64_t off = 0;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        Tensor piece = ops::narrow(gi, d, off, sizes[i]);
+        if (i < g.size() && g[i].defined())
+          ops::copy_(piece, g[i]);
+        else
+          ops::fill_(piece, 0.0);
+        off += sizes[i];
+      }
+      return {gi};
+    });
+  }
   return out;
 }
 
