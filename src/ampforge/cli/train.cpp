@@ -147,6 +147,9 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--zero", c.zero,
                   "Data parallel: 1 = ZeRO stage 1, each rank keeps and steps 1/N of the optimizer state (gradients "
                   "reduce-scattered, parameters all-gathered; same results)")->capture_default_str();
+  sub->add_flag("--sync-bn", c.sync_bn,
+                "Data parallel: SyncBatchNorm, every BatchNorm2d normalises with the global batch's statistics in "
+                "training (torch.nn.SyncBatchNorm); default: each rank's own, as DDP");
   sub->add_option("--dist-timeout", c.dist_timeout,
                   "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");

@@ -39,6 +39,15 @@ class Conv2d : public Module {
   std::string extra_repr() const override;
 };
 
+// Sums a tensor over the replicas of a data-parallel job, in place (every replica ends with the sum). What a
+// BatchNorm2d needs for SyncBatchNorm; train/data_parallel.h provides one over a dist::Communicator.
+class ReplicaSum {
+ public:
+  virtual ~ReplicaSum() = default;
+  // t: contiguous, on the replicas' device; every replica calls with the same shape and dtype, in the same order.
+  virtual void all_reduce_sum(const Tensor& t) = 0;
+};
+
 struct BatchNormOptions {
   double eps = 1e-5, momentum = 0.1;
   bool affine = true, track_running_stats = true;
@@ -51,6 +60,9 @@ class BatchNorm2d : public Module {
   // for "BN then ReLU/SiLU". Same state-dict, same values, less memory and time.
   virtual Tensor forward_act(const Tensor& x, NormAct act);
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  // Set: SyncBatchNorm. In training, the statistics are those of the global batch (every replica's), as
+  // torch.nn.SyncBatchNorm (autograd sync_batch_norm); eval and the state dict are unchanged.
+  std::shared_ptr<ReplicaSum> sync;
   int64_t num_features;
   BatchNormOptions options;
 

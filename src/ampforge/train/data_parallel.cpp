@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/autograd/node.h"
+#include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/error.h"
 
@@ -67,6 +68,35 @@ uint64_t structure_hash(const nn::Module& model) {
 }
 
 }  // namespace
+
+namespace {
+
+// nn::ReplicaSum over a communicator: a blocking all-reduce (the statistics are needed right away).
+class CommReplicaSum final : public nn::ReplicaSum {
+ public:
+  explicit CommReplicaSum(dist::CommunicatorPtr comm) : comm_(std::move(comm)) {}
+  void all_reduce_sum(const Tensor& t) override { comm_->all_reduce(t, dist::ReduceOp::Sum)->wait(); }
+
+ private:
+  dist::CommunicatorPtr comm_;
+};
+
+int convert_children(nn::Module& m, const std::shared_ptr<nn::ReplicaSum>& sum) {
+  int n = 0;
+  if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(&m)) {
+    bn->sync = sum;
+    ++n;
+  }
+  for (auto& [name, child] : m.children()) n += convert_children(*child, sum);
+  return n;
+}
+
+}  // namespace
+
+int convert_sync_batchnorm(nn::Module& model, const dist::CommunicatorPtr& comm) {
+  AF_CHECK(comm != nullptr, "convert_sync_batchnorm: no communicator");
+  return convert_children(model, std::make_shared<CommReplicaSum>(comm));
+}
 
 void sync_model_from_rank0(dist::Communicator& comm, nn::Module& model) {
   const nn::NamedTensors params = model.named_parameters(), buffers = model.named_buffers();

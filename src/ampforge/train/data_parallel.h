@@ -48,7 +48,14 @@ struct DataParallelOptions {
   // gradients are reduce-scattered (each rank receives the average of its shard), each rank steps its shard,
   // and the parameters are all-gathered after the step. Same results as stage 0.
   int zero = 0;
+  // SyncBatchNorm (torch.nn.SyncBatchNorm.convert_sync_batchnorm): every BatchNorm2d of the model normalises
+  // with the statistics of the global batch in training (convert_sync_batchnorm below). Off: local statistics,
+  // as DDP's default.
+  bool sync_batchnorm = false;
 };
+
+// Makes every BatchNorm2d in `model` a SyncBatchNorm over `comm`'s ranks (nn::BatchNorm2d::sync); returns how many.
+int convert_sync_batchnorm(nn::Module& model, const dist::CommunicatorPtr& comm);
 
 // One bucket: a contiguous run of one parameter group's flat gradient buffer covering parameters
 // [first_param, last_param] of that group (its alignment padding included).

@@ -16,6 +16,7 @@
 //
 // Parameters and optimizer state are compared; BatchNorm's running statistics are not (rank 0 saw only its
 // own micro-batch, the single process saw all of them: DDP keeps rank 0's too).
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -155,6 +156,54 @@ TEST(DistTrain, ThreeRanksEqualOneProcessWithinTheF32Table) {
   ASSERT_EQ(r.code, 0) << r.out;
   const ToleranceEntry t = tolerance(DType::F32);
   EXPECT_GT(compare_checkpoints(j.dir / "dp.safetensors", j.dir / "one.safetensors", t.rtol, t.atol), 10);
+  fs::remove_all(j.dir);
+}
+
+// The largest |a - b| / (|b| + 1e-3) over the BatchNorm running statistics of two checkpoints.
+double running_stats_gap(const fs::path& a, const fs::path& b) {
+  std::map<std::string, Tensor> tb;
+  for (auto& [n, t] : load_safetensors(b.string()).tensors) tb[n] = t;
+  double gap = 0;
+  int seen = 0;
+  for (auto& [name, x] : load_safetensors(a.string()).tensors) {
+    if (name.find("running_mean") == std::string::npos && name.find("running_var") == std::string::npos) continue;
+    const Tensor& y = tb.at(name);
+    const float* px = x.data<float>();
+    const float* py = y.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i)
+      gap = std::max(gap, std::abs(double(px[i]) - py[i]) / (std::abs(double(py[i])) + 1e-3));
+    ++seen;
+  }
+  EXPECT_GT(seen, 4);
+  return gap;
+}
+
+// --sync-bn: two ranks of batch 8 normalise with the statistics of the 16 examples together, so they compute
+// what one process with batch 16 computes (not `--accumulate 2`, as local BatchNorm does): parameters within
+// the F32 table (the statistics' sums are added in another order), and running statistics too. Without
+// --sync-bn the same comparison shows the difference in the statistics.
+TEST(DistTrain, SyncBatchNormEqualsOneProcessWithTheGlobalBatch) {
+  AF_REQUIRE_MPI();
+  const Job j = job("resnet-small", "--optimizer sgd");
+  const dist::testing::Run one =
+      run_shell(ampforge_bin() + j.args + " --batch 16 --save " + (j.dir / "one.safetensors").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const dist::testing::Run sync = run_shell(mpirun(2) + " " + ampforge_bin() + j.args + " --batch 8 --sync-bn --save " +
+                                            (j.dir / "sync.safetensors").string());
+  ASSERT_EQ(sync.code, 0) << sync.out;
+  const dist::testing::Run local =
+      run_shell(mpirun(2) + " " + ampforge_bin() + j.args + " --batch 8 --save " + (j.dir / "local.safetensors").string());
+  ASSERT_EQ(local.code, 0) << local.out;
+  const ToleranceEntry t = tolerance(DType::F32);
+  EXPECT_GT(compare_checkpoints(j.dir / "sync.safetensors", j.dir / "one.safetensors", t.rtol, t.atol), 20);
+  const double sync_gap = running_stats_gap(j.dir / "sync.safetensors", j.dir / "one.safetensors");
+  const double local_gap = running_stats_gap(j.dir / "local.safetensors", j.dir / "one.safetensors");
+  EXPECT_LT(sync_gap, 1e-4) << "SyncBatchNorm's running statistics differ from the global batch's";
+  EXPECT_GT(local_gap, 1e-3) << "local BatchNorm should not match the global batch's statistics";
+  // Without a data-parallel job the flag is an error, not ignored.
+  const dist::testing::Run alone = run_shell(ampforge_bin() + j.args + " --batch 8 --sync-bn");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_THAT(alone.out, HasSubstr("--sync-bn"));
   fs::remove_all(j.dir);
 }
 

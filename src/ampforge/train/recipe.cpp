@@ -393,6 +393,8 @@ TrainResult train(const TrainConfig& config) {
   AF_CHECK(config.zero == 0 || config.zero == 1, "--zero must be 0 or 1, got {}", config.zero);
   AF_CHECK(config.zero == 0 || dist::detect_world().distributed(), "--zero 1 shards the optimizer state over the "
            "ranks of a data-parallel job: start the ranks with mpirun, srun, torchrun or `ampforge launch`");
+  AF_CHECK(!config.sync_bn || dist::detect_world().distributed(), "--sync-bn shares batch-norm statistics between the "
+           "ranks of a data-parallel job: start the ranks with mpirun, srun, torchrun or `ampforge launch`");
   TrainConfig given = config;  // the data-parallel setup below may quiet this rank
   TrainerOptions to;
   to.device = parse_device(given.device);
@@ -419,6 +421,7 @@ TrainResult train(const TrainConfig& config) {
     to.data_parallel.first_bucket_mb = given.first_bucket_mb;
     to.data_parallel.overlap = given.overlap;
     to.data_parallel.zero = given.zero;
+    to.data_parallel.sync_batchnorm = given.sync_bn;
   }
   if (given.threads > 0) set_num_threads(given.threads);
   manual_seed(given.seed);

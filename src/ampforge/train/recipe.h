@@ -107,6 +107,7 @@ struct TrainConfig {
   double dist_timeout = 300;               // seconds for the rendezvous of the ranks
   bool overlap = true;                     // start buckets' all-reduce from the backward pass
   int zero = 0;                            // 1: ZeRO-1, optimizer state sharded over the ranks
+  bool sync_bn = false;                    // SyncBatchNorm: global-batch statistics in every BatchNorm2d
 };
 
 // Validates the config (throws InvalidArgument with the flag's name), builds its objects and trains.

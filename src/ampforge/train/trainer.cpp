@@ -170,6 +170,10 @@ Trainer::Trainer(nn::ModulePtr model, std::shared_ptr<tasks::Task> task, Optimiz
     if (comm->rank() != 0) o_.progress = o_.verbose = false;
     // Before the optimizer: it copies the parameters (and F32 masters of 16-bit ones) into its buffers.
     sync_model_from_rank0(*comm, *model_);
+    if (o_.data_parallel.sync_batchnorm) {
+      const int n = convert_sync_batchnorm(*model_, comm);
+      AF_CHECK(n > 0, "--sync-bn: the model has no BatchNorm2d layer to synchronise");
+    }
   }
   opt_ = make_optimizer(*model_);
   AF_CHECK(opt_ != nullptr, "Trainer: the optimizer factory returned no optimizer");

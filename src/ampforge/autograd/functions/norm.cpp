@@ -1,6 +1,9 @@
 // Differentiable batch_norm and layer_norm. Both run in F32 under autocast (op list: F32); their backward
 // formulas are the fused backward kernels (batch_norm_backward, layer_norm_backward), which produce the
 // input, weight and bias gradients in one call. Running statistics are state, not inputs: no gradient.
+#include <algorithm>
+#include <cmath>
+
 #include "ampforge/autograd/autocast.h"
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
@@ -71,6 +74,120 @@ Tensor batch_norm_act(const Tensor& x_in, const Tensor& weight, const Tensor& bi
       autograd::set_recompute(
           node, [at, X, W, B](uint32_t) { return ops::batch_norm(X.get(), W.get(), B.get(), Tensor(), Tensor(), at).out; },
           /*keep=*/true);
+  }
+  return r.out;
+}
+
+namespace {
+
+std::vector<double> host_doubles(const Tensor& t) {
+  const Tensor h = ops::contiguous(ops::to_dtype(ops::to_device(t, kCPU), DType::F64));
+  const double* p = h.data<double>();
+  return std::vector<double>(p, p + h.numel());
+}
+
+Tensor device_vector(const std::vector<double>& v, DType dtype, Device device) {
+  return ops::to_device(ops::to_dtype(Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}), dtype), device);
+}
+
+// Sums `v` over the replicas (F64 on `device`, one collective).
+std::vector<double> replica_sum(const std::vector<double>& v, Device device,
+                                const std::function<void(const Tensor&)>& all_reduce_sum) {
+  Tensor t = device_vector(v, DType::F64, device);
+  all_reduce_sum(t);
+  return host_doubles(t);
+}
+
+// A per-channel vector as (1, C, 1, ...) for broadcasting against x.
+Tensor per_channel(const std::vector<double>& v, const Tensor& x) {
+  Shape s;
+  for (int d = 0; d < x.dim(); ++d) s.push_back(d == 1 ? x.size(1) : 1);
+  return ops::reshape(device_vector(v, x.dtype(), x.device()), s);
+}
+
+}  // namespace
+
+Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                       const Tensor& running_var, double momentum, double eps,
+                       const std::function<void(const Tensor&)>& all_reduce_sum) {
+  AF_CHECK(all_reduce_sum != nullptr, "sync_batch_norm: no replica reduction given");
+  Tensor x = x_in, w = weight, b = bias;
+  autograd::autocast_inputs(OpId::batch_norm, {&x, &w, &b});
+  AF_CHECK(x.dim() >= 2, "sync_batch_norm: expected input of shape (N, C) or (N, C, *), got {}", x.shape().str());
+  const int64_t C = x.size(1);
+  // The replica's statistics from the batch-norm kernel (shifted sums in double), as count, sum and sum of
+  // squares (F64), summed over the replicas.
+  const ops::BatchNormResult local = ops::batch_norm(x, w, b, Tensor(), Tensor(), BatchNormAttrs{true, momentum, eps});
+  const std::vector<double> lm = host_doubles(local.save_mean), li = host_doubles(local.save_invstd);
+  const double n_local = static_cast<double>(C == 0 ? 0 : x.numel() / C);
+  std::vector<double> pack(static_cast<size_t>(2 * C + 1));
+  for (int64_t c = 0; c < C; ++c) {
+    const double var = std::max(0.0, 1.0 / (li[c] * li[c]) - eps);
+    pack[c] = n_local * lm[c];
+    pack[C + c] = n_local * (var + lm[c] * lm[c]);
+  }
+  pack[2 * C] = n_local;
+  pack = replica_sum(pack, x.device(), all_reduce_sum);
+  const double n = pack[2 * C];
+  AF_CHECK(n > 1, "sync_batch_norm: expected more than 1 value per channel over all replicas, got {}", n);
+  std::vector<double> mean(C), var(C);
+  for (int64_t c = 0; c < C; ++c) {
+    mean[c] = pack[c] / n;
+    var[c] = std::max(0.0, pack[C + c] / n - mean[c] * mean[c]);
+  }
+  if (running_mean.defined()) {  // PyTorch: the global mean and the unbiased global variance
+    autograd::NoGradGuard ng;
+    std::vector<double> rm = host_doubles(running_mean), rv = host_doubles(running_var);
+    for (int64_t c = 0; c < C; ++c) {
+      rm[c] = (1 - momentum) * rm[c] + momentum * mean[c];
+      rv[c] = (1 - momentum) * rv[c] + momentum * var[c] * n / (n - 1);
+    }
+    ops::copy_(running_mean, device_vector(rm, running_mean.dtype(), running_mean.device()));
+    ops::copy_(running_var, device_vector(rv, running_var.dtype(), running_var.device()));
+  }
+  // Normalise with the global statistics: the kernel's eval mode, which reads them as running statistics.
+  const BatchNormAttrs global_at{false, momentum, eps};
+  const DType stat = x.dtype() == DType::F64 ? DType::F64 : DType::F32;  // the kernels' statistics dtype
+  ops::BatchNormResult r = ops::batch_norm(x, w, b, device_vector(mean, stat, x.device()),
+                                           device_vector(var, stat, x.device()), global_at);
+  if (needs_grad({&x, &w, &b})) {
+    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(), gb = b.defined() && b.requires_grad();
+    const DType bias_dtype = b.defined() ? b.dtype() : DType::F32;
+    const Tensor w_or_one = w.defined() ? w : ops::ones({C}, DType::F32, x.device());
+    record("SyncBatchNormBackward", {x, w, b}, {r.out},
+           [global_at, gx, gw, gb, bias_dtype, n, all_reduce_sum, X = SavedTensor(x), W = SavedTensor(w_or_one),
+            M = SavedTensor(r.save_mean), I = SavedTensor(r.save_invstd)](const Grads& g) -> Grads {
+             // The replica's sum(g) and sum(g * (x - mean)) * invstd, from the kernel (eval mode: no batch terms).
+             ops::NormGrads d =
+                 ops::batch_norm_backward(g[0], X.get(), W.get(), M.get(), I.get(), global_at, {false, true, true});
+             Tensor grad_x;
+             if (gx) {
+               const std::vector<double> inv = host_doubles(I.get()), wv = host_doubles(W.get());
+               const std::vector<double> sg = host_doubles(d.grad_bias), sgw = host_doubles(d.grad_weight);
+               const int64_t C = static_cast<int64_t>(inv.size());
+               std::vector<double> sums(static_cast<size_t>(2 * C));
+               for (int64_t c = 0; c < C; ++c) {
+                 sums[c] = sg[c];
+                 sums[C + c] = sgw[c] / inv[c];  // sum(g * (x - mean))
+               }
+               sums = replica_sum(sums, X.get().device(), all_reduce_sum);
+               // dx = k (g - mean(g) - (x - mean) invstd^2 mean(g (x - mean))), k = invstd w, means over all replicas.
+               std::vector<double> alpha(C), beta(C), gamma(C);
+               const std::vector<double> mv = host_doubles(M.get());
+               for (int64_t c = 0; c < C; ++c) {
+                 const double k = inv[c] * wv[c];
+                 beta[c] = -k * inv[c] * inv[c] * sums[C + c] / n;
+                 alpha[c] = k;
+                 gamma[c] = -k * sums[c] / n;
+               }
+               const Tensor& xs = X.get();
+               const Tensor centred = ops::sub(xs, per_channel(mv, xs));
+               grad_x = ops::add(ops::add(ops::mul(g[0], per_channel(alpha, xs)), ops::mul(centred, per_channel(beta, xs))),
+                                 per_channel(gamma, xs));
+             }
+             Tensor grad_b = gb ? ops::to_dtype(d.grad_bias, bias_dtype) : Tensor();
+             return {grad_x, gw ? d.grad_weight : Tensor(), grad_b};
+           });
   }
   return r.out;
 }

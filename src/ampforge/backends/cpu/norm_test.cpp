@@ -321,6 +321,65 @@ TEST(BatchNormAct, OtherDevicesAreRefusedAtTheOpLevel) {
   EXPECT_FALSE(ops::batch_norm_fuses_activation(Device(DeviceType::CUDA, 0)));
 }
 
+// ---- SyncBatchNorm (autograd sync_batch_norm) -------------------------------------------------------------
+// One process: a reduction over one replica (identity), or over two replicas holding the same batch (x2: the
+// sums double, so do the counts), must give batch_norm's values, running statistics and gradients. The
+// multi-process case is DistTrain.SyncBatchNormEqualsOneProcessWithTheGlobalBatch (train/).
+TEST(SyncBatchNorm, OneOrIdenticalReplicasMatchBatchNorm) {
+  Generator gen(21);
+  for (int replicas : {1, 2})
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      const Shape s{4, 6, 5, 3};
+      Tensor x0 = ops::contiguous(ops::add_scalar(ops::randn(s, DType::F32, kCPU, &gen), 3.0), fmt);
+      Tensor w0 = ops::randn({6}, DType::F32, kCPU, &gen), b0 = ops::randn({6}, DType::F32, kCPU, &gen);
+      Tensor g = ops::contiguous(ops::randn(s, DType::F32, kCPU, &gen), fmt);
+      auto run = [&](bool sync, Tensor& rm, Tensor& rv, std::vector<Tensor>& grads) {
+        Tensor x = ops::clone(x0).requires_grad_(true);
+        Tensor w = ops::clone(w0).requires_grad_(true), b = ops::clone(b0).requires_grad_(true);
+        rm = ops::full({6}, 0.5);
+        rv = ops::full({6}, 2.0);
+        int calls = 0;
+        Tensor y = sync ? sync_batch_norm(x, w, b, rm, rv, 0.1, 1e-5,
+                                          [&](const Tensor& t) {
+                                            ++calls;
+                                            if (replicas == 2) ops::copy_(t, ops::mul_scalar(t, 2.0));
+                                          })
+                        : batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5);
+        y.backward(g);
+        if (sync) EXPECT_EQ(calls, 2) << "one reduction forward, one backward";
+        grads = {y.detach(), x.grad(), w.grad(), b.grad()};
+      };
+      Tensor rm1, rv1, rm2, rv2;
+      std::vector<Tensor> a, c;
+      run(true, rm1, rv1, a);
+      run(false, rm2, rv2, c);
+      const std::string what = std::to_string(replicas) + (fmt == MemoryFormat::ChannelsLast ? " channels-last" : " nchw");
+      expect_close(a[0], c[0], 1e-5, 1e-5, "y " + what);
+      expect_close(a[1], c[1], 1e-4, 1e-5, "grad_input " + what);
+      // weight/bias gradients are the replica's own: with two identical replicas, the same as one.
+      expect_close(a[2], c[2], 1e-4, 1e-5, "grad_weight " + what);
+      expect_close(a[3], c[3], 1e-4, 1e-5, "grad_bias " + what);
+      expect_close(rm1, rm2, 1e-6, 1e-6, "running_mean " + what);
+      // Unbiased with the global count: 2 replicas divide by 2M - 1, one process by M - 1.
+      const double M = 4.0 * 5 * 3, n = replicas * M;
+      Tensor rv_expected = replicas == 1 ? rv2
+                                         : ops::add_scalar(ops::mul_scalar(ops::add_scalar(rv2, -0.9 * 2.0),
+                                                                          (M - 1) / M * n / (n - 1)),
+                                                           0.9 * 2.0);
+      expect_close(rv1, rv_expected, 1e-5, 1e-6, "running_var " + what);
+    }
+}
+
+TEST(SyncBatchNorm, GradientsMatchFiniteDifferences) {
+  Generator gen(22);
+  Tensor x = leaf({3, 2, 2, 2}, gen), w = leaf({2}, gen), b = leaf({2}, gen);
+  expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        return sync_batch_norm(in[0], in[1], in[2], Tensor(), Tensor(), 0.1, 1e-5, [](const Tensor&) {});
+      },
+      {x, w, b}, 1e-6, "sync_batch_norm");
+}
+
 // ---- layer norm -------------------------------------------------------------------------------------
 
 TEST(LayerNorm, MatchesNaiveReference) {
