@@ -8,9 +8,12 @@
  *   lost            two H200s; GPU 1 answers GPU_IS_LOST after FAKE_NVML_LOSE_AFTER_CALLS (default 20)
  *                   device queries: in the middle of doctor's reads, at monitor's second sample
  *   no_gpu          the driver loads but reports no GPU
+ *   nvlink_pair     two H200s joined by 4 NVLinks (all up), PCIe path between them SYS
+ *   nvlink_down     the same with GPU 0's link 2 down
+ *   pcie_sys        two RTX 4090s without NVLink on different CPU sockets (PCIe path SYS)
  * Built twice: complete, and with FAKE_NVML_PARTIAL defined, when it exports only about half of the
- * functions (19 of 38: no PCI info, maximum link, thresholds, fan, power limit, clock-event reasons, ECC,
- * persistence, processes, CUDA driver version); the partial build plays healthy_h200.
+ * functions (19 of 41: no PCI info, maximum link, thresholds, fan, power limit, clock-event reasons, ECC,
+ * persistence, processes, topology, CUDA driver version); the partial build plays healthy_h200.
  * Test-only code: ampforge never loads it unless AMPFORGE_NVML_LIBRARY points at it. */
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +51,13 @@ typedef struct {
   nvmlProcessInfo_t procs[2];
   /* runtime state */
   long calls, lose_after; /* lose_after < 0: never */
+  /* topology (zero: no NVLink) */
+  unsigned nvlinks, nvlink_down_mask;
 } Gpu;
 
 static Gpu g_gpus[2];
 static unsigned g_count;
+static int g_pair_level = 50; /* nvmlGpuTopologyLevel_t between GPU 0 and GPU 1 */
 static const char* g_driver = "570.124.06";
 static int g_cuda = 12080;
 static int g_initialised;
@@ -103,6 +109,22 @@ static void setup(void) {
     g_gpus[1].lose_after = after ? atol(after) : 20;
   } else if (strcmp(s, "no_gpu") == 0) {
     g_count = 0;
+  } else if (strcmp(s, "nvlink_pair") == 0 || strcmp(s, "nvlink_down") == 0) {
+    g_count = 2;
+    g_gpus[1] = h200("GPU-fa4e0000-0000-4000-8000-000000000002", "00000000:2a:00.0");
+    g_gpus[0].nvlinks = g_gpus[1].nvlinks = 4;
+    if (strcmp(s, "nvlink_down") == 0) g_gpus[0].nvlink_down_mask = 1u << 2;
+    g_pair_level = 50;
+  } else if (strcmp(s, "pcie_sys") == 0) {
+    Gpu g = {"NVIDIA GeForce RTX 4090", "GPU-fa4e0000-0000-4000-8000-000000004091", "00000000:41:00.0", 8, 9,
+             24ull * GiB, 1ull << 30, 2100, 3120, 10501, 10501, 4, 4, 4, 16, 16, 100, 100, 40, 90, 95, 30,
+             60000, 450000, 0x1, 0, 0, 0, 0, 0, 1, 0, 0, 0, {{0}}, 0, -1};
+    g_count = 2;
+    g_gpus[0] = g;
+    g_gpus[1] = g;
+    g_gpus[1].uuid = "GPU-fa4e0000-0000-4000-8000-000000004092";
+    g_gpus[1].bus_id = "00000000:c1:00.0";
+    g_pair_level = 50;
   }
 }
 
@@ -223,6 +245,37 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(void* h, int type, int counter, unsigne
   return OK;
 }
 nvmlReturn_t nvmlDeviceGetPersistenceMode(void* h, int* v) { DEV(h); *v = g->persistence; return OK; }
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void* h1, void* h2, int* level) {
+  nvmlReturn_t r1, r2;
+  Gpu* a = dev(h1, &r1);
+  Gpu* b;
+  if (!a) return r1;
+  b = dev(h2, &r2);
+  if (!b) return r2;
+  *level = a == b ? 0 : g_pair_level;
+  return OK;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkState(void* h, unsigned link, int* active) {
+  DEV(h);
+  if (g->nvlinks == 0) return NOT_SUPPORTED;
+  if (link >= g->nvlinks) return INVALID_ARGUMENT;
+  *active = (g->nvlink_down_mask >> link) & 1u ? 0 : 1;
+  return OK;
+}
+/* The other end of every link is the other GPU (upper-case hex, as some drivers print it). */
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(void* h, unsigned link, nvmlPciInfo_t* p) {
+  Gpu* peer;
+  char* c;
+  DEV(h);
+  if (g->nvlinks == 0) return NOT_SUPPORTED;
+  if (link >= g->nvlinks) return INVALID_ARGUMENT;
+  peer = g == &g_gpus[0] ? &g_gpus[1] : &g_gpus[0];
+  memset(p, 0, sizeof(*p));
+  strcpy(p->busId, peer->bus_id);
+  for (c = p->busId; *c; ++c)
+    if (*c >= 'a' && *c <= 'f') *c = (char)(*c - 'a' + 'A');
+  return OK;
+}
 static nvmlReturn_t procs(Gpu* g, unsigned* count, nvmlProcessInfo_t* out, int graphics) {
   unsigned n = 0, i;
   for (i = 0; i < g->nproc; ++i) n += (g->procs[i].gpuInstanceId == NA) == graphics;

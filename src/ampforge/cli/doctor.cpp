@@ -43,7 +43,7 @@ hw::BlasReport blas_report() {
 Command add_doctor_command(CLI::App& app) {
   auto* sub = app.add_subcommand("doctor", "Check the driver, CUDA libraries, GPUs (PCIe, thermals, throttling) and Python frameworks");
   auto args = std::make_shared<DoctorArgs>();
-  sub->add_flag("--json", args->json, "Print the report as JSON (schema ampforge.doctor/1, see docs/DOCTOR.md)");
+  sub->add_flag("--json", args->json, "Print the report as JSON (schema ampforge.doctor/2, see docs/DOCTOR.md)");
   sub->add_option("--alert-temp", args->alert_temp, "Temperature (°C) at or above which the temperature check warns")
       ->check(CLI::Range(20.0, 120.0))
       ->capture_default_str();

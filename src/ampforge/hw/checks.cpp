@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ampforge/hw/doctor.h"
 #include "ampforge/hw/versions.h"
@@ -444,6 +445,60 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
   }
 }
 
+// NVLinks that exist but are down (a loose bridge, a link the driver took down): each is bandwidth the GPU's
+// peers expect and do not get.
+void check_nvlinks(const GpuReport& g, Checks& c) {
+  if (g.lost || !g.nvlinks.ok() || g.nvlinks->empty()) return;
+  const std::string id = fmt::format("gpu{}.nvlink", g.index);
+  std::vector<unsigned> down;
+  for (const auto& l : *g.nvlinks)
+    if (!l.active) down.push_back(l.link);
+  const size_t n = g.nvlinks->size();
+  if (down.empty()) {
+    c.add(id, g.index, Verdict::Pass, fmt::format("{} NVLink{} up", n, n == 1 ? "" : "s"));
+    return;
+  }
+  c.add(id, g.index, Verdict::Warn,
+        fmt::format("NVLink {} down ({} of {} up): peer traffic over the remaining links is slower",
+                    fmt::join(down, ", "), n - down.size(), n),
+        "check the NVLink bridge or the board's seating, then `nvidia-smi nvlink --status`; the link state resets "
+        "with a reboot");
+}
+
+// Every pair of GPUs: NVLink, or the PCIe path between them. Across host bridges (NODE) or CPUs (SYS) there is
+// no peer-to-peer path: NCCL stages the all-reduce through host memory, several times slower than NVLink or a
+// PCIe switch. A warning, because data-parallel ranks on such a pair wait on it every step.
+void check_topology(const DoctorReport& r, Checks& c) {
+  for (const auto& p : r.topology) {
+    const std::string id = fmt::format("topology.gpu{}_gpu{}", p.a, p.b);
+    if (p.nvlinks > 0) {
+      c.add(id, std::nullopt, Verdict::Pass, fmt::format("GPU {} <-> GPU {}: NVLink x{}", p.a, p.b, p.nvlinks));
+      continue;
+    }
+    if (!p.pcie_ancestor.ok()) {
+      c.add(id, std::nullopt, Verdict::Skip,
+            fmt::format("GPU {} <-> GPU {}: no NVLink, PCIe path unknown ({})", p.a, p.b, p.pcie_ancestor.na));
+      continue;
+    }
+    const int level = *p.pcie_ancestor;
+    const char* name = topology_level_name(level);
+    if (level >= nvml::kTopologyNode) {
+      c.add(id, std::nullopt, Verdict::Warn,
+            fmt::format("GPU {} <-> GPU {}: no NVLink, PCIe path {} ({}): no peer-to-peer, all-reduce goes through "
+                        "host memory",
+                        p.a, p.b, name, level == nvml::kTopologySystem ? "across CPU sockets" : "across host bridges"),
+            "for data parallel, pick GPUs under one PCIe switch or with NVLink (CUDA_VISIBLE_DEVICES; "
+            "`nvidia-smi topo -m` shows the matrix), or expect the gradient exchange to cost more");
+    } else {
+      c.add(id, std::nullopt, Verdict::Pass,
+            fmt::format("GPU {} <-> GPU {}: no NVLink, PCIe path {} ({})", p.a, p.b, name,
+                        level == nvml::kTopologySingle     ? "one PCIe switch"
+                        : level == nvml::kTopologyMultiple ? "several PCIe switches"
+                                                           : "through the CPU's host bridge"));
+    }
+  }
+}
+
 }  // namespace
 
 void evaluate_checks(DoctorReport& r) {
@@ -456,7 +511,11 @@ void evaluate_checks(DoctorReport& r) {
   check_framework(r.python, r.python.torch, "python.torch_version", kMinTorchVersion, "torch", c);
   check_framework(r.python, r.python.tensorflow, "python.tensorflow_version", kMinTensorflowVersion, "tensorflow", c);
   check_torch_cuda(r, c);
-  for (const auto& g : r.gpus) check_gpu(g, r.alert_temp_c, c);
+  for (const auto& g : r.gpus) {
+    check_gpu(g, r.alert_temp_c, c);
+    check_nvlinks(g, c);
+  }
+  check_topology(r, c);
 }
 
 }  // namespace ampforge::hw

@@ -2,6 +2,9 @@
 // read, so a slow `import tensorflow` overlaps the rest.
 #include "ampforge/hw/doctor.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/timer.h"
 
@@ -24,6 +27,18 @@ int DoctorReport::count(Verdict v) const {
 }
 
 namespace {
+
+// PCI bus ids compared as NVML's forms differ: "00000000:18:00.0" (v3 busId) vs "0000:18:00.0"; case ignored.
+std::string normal_bus_id(const std::string& id) {
+  std::string s;
+  for (char ch : id) s += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) return s;
+  size_t z = 0;
+  while (z + 1 < colon && s[z] == '0') ++z;
+  return s.substr(z);
+}
+bool same_bus_id(const std::string& a, const std::string& b) { return !a.empty() && normal_bus_id(a) == normal_bus_id(b); }
 
 GpuReport read_gpu(NvmlDevice& d) {
   GpuReport g;
@@ -108,6 +123,33 @@ DoctorReport run_doctor(const DoctorOptions& options) {
       r.gpus.push_back(read_gpu(devices.back()));
       sync_status(r.gpus.back(), devices.back());
     }
+
+    // How the GPUs connect: NVLinks (and where each one ends) and the PCIe common ancestor of every pair.
+    for (auto& d : devices)
+      for (auto& g : r.gpus)
+        if (g.index == d.index() && !g.lost) g.nvlinks = d.nvlinks();
+    for (size_t i = 0; i < devices.size(); ++i)
+      for (size_t j = i + 1; j < devices.size(); ++j) {
+        const GpuReport* gi = nullptr;
+        const GpuReport* gj = nullptr;
+        for (const auto& g : r.gpus) {
+          if (g.index == devices[i].index()) gi = &g;
+          if (g.index == devices[j].index()) gj = &g;
+        }
+        if (gi == nullptr || gj == nullptr || gi->lost || gj->lost) continue;
+        GpuPair pair;
+        pair.a = gi->index;
+        pair.b = gj->index;
+        pair.pcie_ancestor = devices[i].common_ancestor(devices[j]);
+        auto count_to = [](const GpuReport& from, const GpuReport& to) {
+          unsigned n = 0;
+          if (from.nvlinks.ok() && to.bus_id.ok())
+            for (const auto& l : *from.nvlinks) n += l.active && same_bus_id(l.remote_bus_id, *to.bus_id);
+          return n;
+        };
+        pair.nvlinks = std::max(count_to(*gi, *gj), count_to(*gj, *gi));
+        r.topology.push_back(std::move(pair));
+      }
 
     // Under load: only with a CUDA runtime that sees the GPU.
     std::unique_ptr<CudaRuntime> cuda;

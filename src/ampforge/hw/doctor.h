@@ -52,6 +52,7 @@ struct GpuReport {
   Field<uint64_t> ecc_corrected_volatile, ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
   Field<bool> persistence_mode;
   Field<std::vector<GpuProcess>> processes;
+  Field<std::vector<NvLink>> nvlinks;  // empty: the GPU has no NVLink
   std::optional<BandwidthResult> bandwidth;
   std::string bandwidth_error;
   const GpuSpec* spec = nullptr;
@@ -62,6 +63,13 @@ struct GpuReport {
   const Field<unsigned>& pcie_gen() const { return pcie_gen_busy.ok() ? pcie_gen_busy : pcie_gen_idle; }
   const Field<unsigned>& pcie_width() const { return pcie_width_busy.ok() ? pcie_width_busy : pcie_width_idle; }
   bool link_read_busy() const { return pcie_gen_busy.ok(); }
+};
+
+// How two GPUs reach each other (the brief's NVLink-vs-PCIe question; what NCCL's rings will use).
+struct GpuPair {
+  unsigned a = 0, b = 0;          // GPU indices, a < b
+  unsigned nvlinks = 0;           // active NVLinks of GPU a whose other end is GPU b (or b's to a)
+  Field<int> pcie_ancestor;       // nvml::kTopology* (PIX ... SYS)
 };
 
 struct DriverReport {
@@ -103,6 +111,7 @@ struct DoctorReport {
   BlasReport blas;
   PythonReport python;
   std::vector<GpuReport> gpus;
+  std::vector<GpuPair> topology;  // every pair of GPUs that answered (two GPUs or more)
   std::vector<CheckResult> checks;
   double alert_temp_c = 80;
   double elapsed_s = 0;

@@ -1,4 +1,4 @@
-// Rendering the doctor report: --json (schema "ampforge.doctor/1", documented in docs/DOCTOR.md and
+// Rendering the doctor report: --json (schema "ampforge.doctor/2", documented in docs/DOCTOR.md and
 // docs/doctor.schema.json) and the human table. A missing value is null in JSON, with its reason under "na";
 // the table prints it as "n/a (reason)".
 #include <fmt/format.h>
@@ -98,6 +98,12 @@ json gpu_json(const GpuReport& g) {
       a.push_back({{"pid", p.pid}, {"used_bytes", p.used_bytes ? json(*p.used_bytes) : json(nullptr)}, {"kind", p.kind}});
     return a;
   });
+  put(o, na, "nvlinks", g.nvlinks, [](const std::vector<NvLink>& ls) {
+    json a = json::array();
+    for (const auto& l : ls)
+      a.push_back({{"link", l.link}, {"active", l.active}, {"remote_bus_id", str_or_null(l.remote_bus_id)}});
+    return a;
+  });
   if (g.spec)
     o["spec"] = {{"key", g.spec->key},
                  {"name", g.spec->name},
@@ -120,7 +126,7 @@ json gpu_json(const GpuReport& g) {
 
 json doctor_report_json(const DoctorReport& r) {
   json j;
-  j["schema"] = "ampforge.doctor/1";
+  j["schema"] = "ampforge.doctor/2";
   j["ampforge_version"] = r.ampforge_version;
   j["elapsed_s"] = r.elapsed_s;
   j["exit_code"] = r.exit_code();
@@ -165,6 +171,15 @@ json doctor_report_json(const DoctorReport& r) {
                  {"tensorflow", framework_json(r.python.tensorflow)}};
   j["gpus"] = json::array();
   for (const auto& g : r.gpus) j["gpus"].push_back(gpu_json(g));
+  j["topology"] = json::array();
+  for (const auto& p : r.topology) {
+    json t, tna = json::object();
+    t["gpus"] = {p.a, p.b};
+    t["nvlinks"] = p.nvlinks;
+    put(t, tna, "pcie_path", p.pcie_ancestor, [](int level) { return json(topology_level_name(level)); });
+    t["na"] = tna;
+    j["topology"].push_back(t);
+  }
   j["checks"] = json::array();
   for (const auto& c : r.checks)
     j["checks"].push_back({{"id", c.id},
@@ -312,12 +327,28 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
             s += fmt::format("{}{} ({})", s.empty() ? "" : ", ", q.pid, q.used_bytes ? mib(*q.used_bytes) : "n/a");
           return s;
         }));
+    row(out, "NVLink", show(g.nvlinks, p, [](const std::vector<NvLink>& ls) {
+          if (ls.empty()) return std::string("none");
+          unsigned up = 0;
+          for (const auto& l : ls) up += l.active;
+          std::string s = fmt::format("{} of {} up", up, ls.size());
+          for (const auto& l : ls)
+            if (!l.active) s += fmt::format(", link {} down", l.link);
+          return s;
+        }));
     row(out, "spec database", g.spec ? fmt::format("{}: FP32 {} TFLOPS, FP16 tensor (FP32 acc) {} TFLOPS, {} GB/s", g.spec->name,
                                                    g.spec->fp32_tflops, g.spec->fp16_tensor_fp32acc_tflops,
                                                    g.spec->memory_bandwidth_gbps)
                                      : p.na("board not in the database"));
   }
 
+  if (!r.topology.empty()) {
+    out += fmt::format("\n{}\n", p.paint("Topology (GPU pairs)", "1"));
+    for (const auto& t : r.topology)
+      row(out, fmt::format("GPU {} <-> GPU {}", t.a, t.b),
+          t.nvlinks > 0 ? fmt::format("NVLink x{}", t.nvlinks)
+                        : "PCIe " + show(t.pcie_ancestor, p, [](int level) { return std::string(topology_level_name(level)); }));
+  }
   out += fmt::format("\n{}\n", p.paint("Checks", "1"));
   for (const auto& c : r.checks) {
     out += fmt::format("  {}  {:<26} {}\n", p.verdict(c.verdict), c.id, c.message);

@@ -98,7 +98,7 @@ std::string message(const Doctor& d, const std::string& id) {
 
 TEST(Doctor, SchemaValidatorRejectsBadDocuments) {
   // The validator must be able to fail, or the schema tests below prove nothing.
-  json bad = {{"schema", "ampforge.doctor/1"}};
+  json bad = {{"schema", "ampforge.doctor/2"}};
   EXPECT_NE(validate(bad, schema()), "");
   auto d = doctor_json(fake_env("healthy_h200"));
   json wrong_type = d.report;
@@ -207,6 +207,54 @@ TEST(Doctor, LostGpuIsReportedPerGpu) {
   EXPECT_TRUE(d.report["gpus"][1]["lost"]);
   EXPECT_FALSE(d.report["gpus"][0]["lost"]);
   EXPECT_EQ(status(d, "gpu0.temperature"), "PASS");
+}
+
+// How GPUs connect (NVLink, the PCIe path between every pair): the brief's NVLink-vs-PCIe question.
+TEST(Doctor, NvlinkPairIsShownAndPasses) {
+  auto d = doctor_json(fake_env("nvlink_pair"));
+  EXPECT_EQ(d.exit_code, 0) << d.text;
+  EXPECT_EQ(status(d, "gpu0.nvlink"), "PASS") << message(d, "gpu0.nvlink");
+  EXPECT_EQ(status(d, "topology.gpu0_gpu1"), "PASS");
+  // The remote ends are reported in upper-case hex with an 8-digit domain: matched to GPU 1 all the same.
+  EXPECT_EQ(message(d, "topology.gpu0_gpu1"), "GPU 0 <-> GPU 1: NVLink x4");
+  ASSERT_EQ(d.report["topology"].size(), 1u);
+  EXPECT_EQ(d.report["topology"][0]["nvlinks"], 4);
+  EXPECT_EQ(d.report["topology"][0]["pcie_path"], "SYS");
+  const auto& links = d.report["gpus"][0]["nvlinks"];
+  ASSERT_EQ(links.size(), 4u);
+  EXPECT_TRUE(links[3]["active"]);
+  EXPECT_EQ(links[0]["remote_bus_id"], "00000000:2A:00.0");
+  const auto t = run_ampforge({"doctor", "--no-bandwidth"}, fake_env("nvlink_pair"));
+  EXPECT_NE(t.out.find("GPU 0 <-> GPU 1"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("NVLink x4"), std::string::npos) << t.out;
+}
+
+TEST(Doctor, NvlinkDownWarns) {
+  auto d = doctor_json(fake_env("nvlink_down"));
+  EXPECT_EQ(d.exit_code, 0);  // a warning, not a failure
+  EXPECT_EQ(status(d, "gpu0.nvlink"), "WARN");
+  EXPECT_NE(message(d, "gpu0.nvlink").find("NVLink 2 down (3 of 4 up)"), std::string::npos) << message(d, "gpu0.nvlink");
+  EXPECT_EQ(status(d, "gpu1.nvlink"), "PASS");
+  EXPECT_EQ(message(d, "topology.gpu0_gpu1"), "GPU 0 <-> GPU 1: NVLink x4");  // GPU 1 sees all four
+  EXPECT_FALSE(d.report["gpus"][0]["nvlinks"][2]["active"]);
+}
+
+TEST(Doctor, GpusAcrossSocketsWithoutNvlinkWarn) {
+  auto d = doctor_json(fake_env("pcie_sys"));
+  EXPECT_EQ(status(d, "topology.gpu0_gpu1"), "WARN");
+  EXPECT_NE(message(d, "topology.gpu0_gpu1").find("PCIe path SYS (across CPU sockets)"), std::string::npos)
+      << message(d, "topology.gpu0_gpu1");
+  EXPECT_EQ(status(d, "gpu0.nvlink"), "absent");  // no NVLink: nothing to judge
+  EXPECT_TRUE(d.report["gpus"][0]["nvlinks"].empty());
+  EXPECT_EQ(d.report["topology"][0]["nvlinks"], 0);
+  // One GPU: no pairs, and an NVML without the topology queries says so per GPU.
+  auto one = doctor_json(fake_env("healthy_h200"));
+  EXPECT_TRUE(one.report["topology"].empty());
+  auto env = fake_env("healthy_h200");
+  env["AMPFORGE_NVML_LIBRARY"] = AMPFORGE_FAKE_NVML_PARTIAL;
+  auto partial = doctor_json(env);
+  EXPECT_TRUE(partial.report["gpus"][0]["nvlinks"].is_null());
+  EXPECT_NE(partial.report["gpus"][0]["na"]["nvlinks"].get<std::string>().find("not in this NVML"), std::string::npos);
 }
 
 TEST(Doctor, NvmlMissingHalfItsFunctionsStillRuns) {

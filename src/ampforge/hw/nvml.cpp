@@ -208,7 +208,52 @@ Field<std::vector<GpuProcess>> NvmlDevice::processes() {
   return Field<std::vector<GpuProcess>>::of(std::move(out));
 }
 
+Field<int> NvmlDevice::common_ancestor(const NvmlDevice& other) {
+  const auto fn = lib_->api().nvmlDeviceGetTopologyCommonAncestor;
+  if (!fn) return Field<int>::missing("nvmlDeviceGetTopologyCommonAncestor not in this NVML");
+  if (lost_ || other.lost_) return Field<int>::missing("GPU is lost");
+  int level = 0;
+  const nvml::Return r = fn(h_, other.h_, &level);
+  if (r != nvml::kSuccess) return fail<int>(r, "nvmlDeviceGetTopologyCommonAncestor");
+  return Field<int>::of(level);
+}
+
+Field<std::vector<NvLink>> NvmlDevice::nvlinks() {
+  const auto state = lib_->api().nvmlDeviceGetNvLinkState;
+  if (!state) return Field<std::vector<NvLink>>::missing("nvmlDeviceGetNvLinkState not in this NVML");
+  std::vector<NvLink> out;
+  for (unsigned link = 0; link < nvml::kNvLinkMaxLinks; ++link) {
+    if (lost_) return Field<std::vector<NvLink>>::missing("GPU is lost");
+    int active = 0;
+    const nvml::Return r = state(h_, link, &active);
+    // NOT_SUPPORTED: no NVLink at all; INVALID_ARGUMENT / NOT_FOUND: past the GPU's last link.
+    if (r == nvml::kErrorNotSupported || r == nvml::kErrorInvalidArgument || r == nvml::kErrorNotFound) break;
+    if (r != nvml::kSuccess) return fail<std::vector<NvLink>>(r, "nvmlDeviceGetNvLinkState");
+    NvLink l;
+    l.link = link;
+    l.active = active == nvml::kFeatureEnabled;
+    if (const auto remote = lib_->api().nvmlDeviceGetNvLinkRemotePciInfo_v2; remote != nullptr && l.active) {
+      nvml::PciInfo pci{};
+      if (remote(h_, link, &pci) == nvml::kSuccess) l.remote_bus_id = std::string(pci.busId, strnlen(pci.busId, sizeof(pci.busId)));
+    }
+    out.push_back(std::move(l));
+  }
+  return Field<std::vector<NvLink>>::of(std::move(out));
+}
+
 #undef AMPFORGE_FN
+
+const char* topology_level_name(int level) {
+  switch (level) {
+    case nvml::kTopologyInternal: return "SELF";
+    case nvml::kTopologySingle: return "PIX";
+    case nvml::kTopologyMultiple: return "PXB";
+    case nvml::kTopologyHostBridge: return "PHB";
+    case nvml::kTopologyNode: return "NODE";
+    case nvml::kTopologySystem: return "SYS";
+    default: return "?";
+  }
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // Nvml

@@ -25,6 +25,7 @@ namespace nvml {
 using Return = int;  // nvmlReturn_t
 inline constexpr Return kSuccess = 0;
 inline constexpr Return kErrorUninitialized = 1;
+inline constexpr Return kErrorInvalidArgument = 2;
 inline constexpr Return kErrorNotSupported = 3;
 inline constexpr Return kErrorNoPermission = 4;
 inline constexpr Return kErrorNotFound = 6;
@@ -65,6 +66,12 @@ inline constexpr int kMemoryErrorCorrected = 0, kMemoryErrorUncorrected = 1;
 inline constexpr int kEccVolatile = 0, kEccAggregate = 1;
 inline constexpr int kFeatureDisabled = 0, kFeatureEnabled = 1;
 inline constexpr unsigned long long kValueNotAvailable = ~0ULL;  // NVML_VALUE_NOT_AVAILABLE (as unsigned long long)
+
+// nvmlGpuTopologyLevel_t: the closest common ancestor of two GPUs on the PCIe tree (nvidia-smi topo's PIX, PXB,
+// PHB, NODE, SYS).
+inline constexpr int kTopologyInternal = 0, kTopologySingle = 10, kTopologyMultiple = 20, kTopologyHostBridge = 30,
+                     kTopologyNode = 40, kTopologySystem = 50;
+inline constexpr unsigned kNvLinkMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS (NVML 12.x)
 
 // nvmlClocksEventReasons (nvmlClocksThrottleReasons before driver 535), bit flags.
 inline constexpr uint64_t kReasonGpuIdle = 0x1;
@@ -116,7 +123,10 @@ inline constexpr uint64_t kReasonDisplayClockSetting = 0x100;
   X(nvmlDeviceGetTotalEccErrors, Return, (Device, int, int, unsigned long long*))                    \
   X(nvmlDeviceGetPersistenceMode, Return, (Device, int*))                                            \
   X(nvmlDeviceGetComputeRunningProcesses_v3, Return, (Device, unsigned int*, ProcessInfo*))          \
-  X(nvmlDeviceGetGraphicsRunningProcesses_v3, Return, (Device, unsigned int*, ProcessInfo*))
+  X(nvmlDeviceGetGraphicsRunningProcesses_v3, Return, (Device, unsigned int*, ProcessInfo*))          \
+  X(nvmlDeviceGetTopologyCommonAncestor, Return, (Device, Device, int*))                             \
+  X(nvmlDeviceGetNvLinkState, Return, (Device, unsigned int, int*))                                  \
+  X(nvmlDeviceGetNvLinkRemotePciInfo_v2, Return, (Device, unsigned int, PciInfo*))
 
 struct Api {
 #define AMPFORGE_NVML_DECLARE(name, ret, params) ret(*name) params = nullptr;
@@ -129,6 +139,18 @@ struct Api {
 std::vector<std::string> throttle_reason_names(uint64_t mask);
 // The reasons that cost performance while the GPU works: power cap, thermal, hardware slowdowns.
 uint64_t throttle_reasons_active_mask();
+
+// One NVLink of a GPU: its index, whether it is up, and the PCI bus id of the device at its other end (another
+// GPU, or an NVSwitch) when NVML gives it.
+struct NvLink {
+  unsigned link = 0;
+  bool active = false;
+  std::string remote_bus_id;
+};
+
+// nvidia-smi topo's name for a common-ancestor level: PIX (one PCIe switch), PXB (several switches), PHB (the host
+// bridge), NODE (the CPU's NUMA node: host bridges of one CPU), SYS (across CPUs), or "SELF".
+const char* topology_level_name(int level);
 
 struct GpuProcess {
   unsigned int pid = 0;
@@ -170,6 +192,10 @@ class NvmlDevice {
   Field<uint64_t> ecc_errors(int error_type, int counter_type);
   Field<bool> persistence_mode();
   Field<std::vector<GpuProcess>> processes();
+  // The closest common ancestor with another GPU on the PCIe tree (nvml::kTopology*).
+  Field<int> common_ancestor(const NvmlDevice& other);
+  // The GPU's NVLinks, from link 0 up to the first that NVML says does not exist; an empty list: no NVLink.
+  Field<std::vector<NvLink>> nvlinks();
 
  private:
   template <class T, class Fn, class... A>
