@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "ampforge/backends/cpu/gradcheck_testutil.h"
 #include "ampforge/backends/meta/meta.h"
 
@@ -144,23 +146,26 @@ TEST(BatchNorm, HalfInputsComputeInFloat) {
   }
 }
 
+// batch_norm, and batch_norm_act with ReLU and SiLU fused (None is batch_norm itself).
 TEST(BatchNorm, GradientsMatchFiniteDifferences) {
   Generator gen(5);
   const int64_t C = 3;
-  for (bool training : {true, false}) {
-    for (bool channels_last : {false, true}) {
-      Tensor x = leaf({2, C, 3, 2}, gen), w = leaf({C}, gen), b = leaf({C}, gen);
-      Tensor rm = ops::randn({C}, DType::F64, kCPU, &gen);
-      Tensor rv = ops::add_scalar(ops::mul(rm, rm), 0.5);
-      expect_gradients_match(
-          [&](const std::vector<Tensor>& in) {
-            Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
-            // Training without running stats, so repeated evaluations see the same function.
-            return batch_norm(xi, in[1], in[2], training ? Tensor() : rm, training ? Tensor() : rv, training, 0.1, 1e-5);
-          },
-          {x, w, b}, 1e-6, training ? "batch_norm train" : "batch_norm eval");
-    }
-  }
+  for (NormAct act : {NormAct::None, NormAct::ReLU, NormAct::SiLU})
+    for (bool training : {true, false})
+      for (bool channels_last : {false, true}) {
+        Tensor x = leaf({2, C, 3, 2}, gen), w = leaf({C}, gen), b = leaf({C}, gen);
+        Tensor rm = ops::randn({C}, DType::F64, kCPU, &gen);
+        Tensor rv = ops::add_scalar(ops::mul(rm, rm), 0.5);
+        expect_gradients_match(
+            [&](const std::vector<Tensor>& in) {
+              Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
+              // Training without running stats, so repeated evaluations see the same function.
+              return batch_norm_act(xi, in[1], in[2], training ? Tensor() : rm, training ? Tensor() : rv, training, 0.1,
+                                    1e-5, act);
+            },
+            {x, w, b}, 1e-6,
+            fmt::format("batch_norm act {} {}", static_cast<int>(act), training ? "train" : "eval"));
+      }
   // 2-D input (N, C), no affine parameters.
   Tensor x2 = leaf({5, 4}, gen);
   expect_gradients_match([](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true); },
@@ -171,21 +176,25 @@ TEST(BatchNorm, GradientsMatchFiniteDifferences) {
                          {x3, b3}, 1e-6, "batch_norm 3-D bias only");
 }
 
+// With and without a fused activation (SiLU: its backward also stores and re-reads dz).
 TEST(BatchNorm, SameBitsForAnyThreadCount) {
   Generator gen(6);
-  for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-    Tensor x = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
-    Tensor g = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
-    Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
-    auto run = [&] {
-      Tensor rm = ops::zeros({16}), rv = ops::ones({16});
-      auto r = ops::batch_norm(x, w, b, rm, rv, {true, 0.1, 1e-5});
-      auto d = ops::batch_norm_backward(g, x, w, r.save_mean, r.save_invstd, {true, 0.1, 1e-5}, {true, true, true});
-      return std::vector<Tensor>{r.out, r.save_mean, r.save_invstd, rv, d.grad_input, d.grad_weight, d.grad_bias};
-    };
-    auto one = with_threads(1, run);
-    auto two = with_threads(2, run);
-    for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "output " + std::to_string(i));
+  for (NormAct act : {NormAct::None, NormAct::SiLU}) {
+    for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+      Tensor x = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+      Tensor g = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+      Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
+      auto run = [&] {
+        Tensor rm = ops::zeros({16}), rv = ops::ones({16});
+        const BatchNormAttrs at{true, 0.1, 1e-5, act};
+        auto r = ops::batch_norm(x, w, b, rm, rv, at);
+        auto d = ops::batch_norm_backward(g, x, w, r.save_mean, r.save_invstd, at, {true, true, true}, b);
+        return std::vector<Tensor>{r.out, r.save_mean, r.save_invstd, rv, d.grad_input, d.grad_weight, d.grad_bias};
+      };
+      auto one = with_threads(1, run);
+      auto two = with_threads(2, run);
+      for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "output " + std::to_string(i));
+    }
   }
 }
 
@@ -257,43 +266,6 @@ TEST(BatchNormAct, MatchesBatchNormThenActivation) {
           expect_close(f.gw, u.gw, 20 * tol, 20 * tol, "grad_weight " + what);
           expect_close(f.gb, u.gb, 20 * tol, 20 * tol, "grad_bias " + what);
         }
-}
-
-TEST(BatchNormAct, GradientsMatchFiniteDifferences) {
-  Generator gen(12);
-  const int64_t C = 3;
-  for (NormAct act : {NormAct::ReLU, NormAct::SiLU})
-    for (bool training : {true, false})
-      for (bool channels_last : {false, true}) {
-        Tensor x = leaf({2, C, 3, 2}, gen), w = leaf({C}, gen), b = leaf({C}, gen);
-        Tensor rm = ops::randn({C}, DType::F64, kCPU, &gen);
-        Tensor rv = ops::add_scalar(ops::mul(rm, rm), 0.5);
-        expect_gradients_match(
-            [&](const std::vector<Tensor>& in) {
-              Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
-              return batch_norm_act(xi, in[1], in[2], training ? Tensor() : rm, training ? Tensor() : rv, training, 0.1,
-                                    1e-5, act);
-            },
-            {x, w, b}, 1e-6, act == NormAct::ReLU ? "batch_norm_act relu" : "batch_norm_act silu");
-      }
-}
-
-TEST(BatchNormAct, SameBitsForAnyThreadCount) {
-  Generator gen(13);
-  for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-    Tensor x = ops::contiguous(ops::randn({16, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
-    Tensor g = ops::contiguous(ops::randn({16, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
-    Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
-    auto run = [&] {
-      const BatchNormAttrs at{true, 0.1, 1e-5, NormAct::SiLU};
-      auto r = ops::batch_norm(x, w, b, Tensor(), Tensor(), at);
-      auto d = ops::batch_norm_backward(g, x, w, r.save_mean, r.save_invstd, at, {true, true, true}, b);
-      return std::vector<Tensor>{r.out, d.grad_input, d.grad_weight, d.grad_bias};
-    };
-    auto one = with_threads(1, run);
-    auto two = with_threads(2, run);
-    for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "output " + std::to_string(i));
-  }
 }
 
 // SiLU's backward needs its input: the separate ops keep bn(x) alive for backward, the fused op recomputes it
