@@ -131,12 +131,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                       const Tensor& running_var, bool training, double momentum, double eps, NormAct act);
 // Training-mode batch_norm whose statistics are those of the global batch of a data-parallel job
-// (torch.nn.SyncBatchNorm): each replica's per-channel count, sum and sum of squares (F64) are summed over the
-// replicas by `all_reduce_sum` (in place on a contiguous tensor on x's device; every replica calls it the same
-// number of times in the same order), the running statistics take the global mean and unbiased variance, and
-// the backward sums sum(g) and sum(g * (x - mean)) over the replicas the same way. weight and bias gradients
-// are the replica's own, as PyTorch's (data parallel averages them like every gradient). Two collectives per
-// layer and step; the host reads the global count (a device synchronisation on CUDA).
+// (torch.nn.SyncBatchNorm): each replica's per-channel count and mean, then its spread about the global mean
+// (F64), are summed over the replicas by `all_reduce_sum` (in place on a contiguous tensor on x's device; every
+// replica calls it the same number of times in the same order), the running statistics take the global mean
+// and unbiased variance, and the backward sums sum(g) and sum(g * (x - mean)) over the replicas the same way.
+// weight and bias gradients are the replica's own, as PyTorch's (data parallel averages them like every
+// gradient). Three collectives per layer and step; the host reads the sums (a device synchronisation on CUDA).
 Tensor sync_batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                        const Tensor& running_var, double momentum, double eps,
                        const std::function<void(const Tensor&)>& all_reduce_sum);

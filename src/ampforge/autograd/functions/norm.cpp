@@ -115,26 +115,28 @@ Tensor sync_batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& b
   autograd::autocast_inputs(OpId::batch_norm, {&x, &w, &b});
   AF_CHECK(x.dim() >= 2, "sync_batch_norm: expected input of shape (N, C) or (N, C, *), got {}", x.shape().str());
   const int64_t C = x.size(1);
-  // The replica's statistics from the batch-norm kernel (shifted sums in double), as count, sum and sum of
-  // squares (F64), summed over the replicas.
+  // The replica's statistics from the batch-norm kernel (shifted sums in double), combined over the replicas in
+  // two sums (Chan et al.'s pairwise update): first count and count * mean give the global mean, then
+  // count * (var + (mean - global mean)^2) the global variance. One pass of sum(x^2) - n mean^2 would cancel
+  // when the mean is large against the spread (the replica's mean is stored in F32) and miss the one-process
+  // statistics by far more than the F32 table allows.
   const ops::BatchNormResult local = ops::batch_norm(x, w, b, Tensor(), Tensor(), BatchNormAttrs{true, momentum, eps});
   const std::vector<double> lm = host_doubles(local.save_mean), li = host_doubles(local.save_invstd);
   const double n_local = static_cast<double>(C == 0 ? 0 : x.numel() / C);
-  std::vector<double> pack(static_cast<size_t>(2 * C + 1));
-  for (int64_t c = 0; c < C; ++c) {
-    const double var = std::max(0.0, 1.0 / (li[c] * li[c]) - eps);
-    pack[c] = n_local * lm[c];
-    pack[C + c] = n_local * (var + lm[c] * lm[c]);
-  }
-  pack[2 * C] = n_local;
-  pack = replica_sum(pack, x.device(), all_reduce_sum);
-  const double n = pack[2 * C];
+  std::vector<double> first(static_cast<size_t>(C + 1));
+  for (int64_t c = 0; c < C; ++c) first[c] = n_local * lm[c];
+  first[C] = n_local;
+  first = replica_sum(first, x.device(), all_reduce_sum);
+  const double n = first[C];
   AF_CHECK(n > 1, "sync_batch_norm: expected more than 1 value per channel over all replicas, got {}", n);
-  std::vector<double> mean(C), var(C);
+  std::vector<double> mean(C), var(C), second(C);
   for (int64_t c = 0; c < C; ++c) {
-    mean[c] = pack[c] / n;
-    var[c] = std::max(0.0, pack[C + c] / n - mean[c] * mean[c]);
+    mean[c] = first[c] / n;
+    const double local_var = std::max(0.0, 1.0 / (li[c] * li[c]) - eps);
+    second[c] = n_local * (local_var + (lm[c] - mean[c]) * (lm[c] - mean[c]));
   }
+  second = replica_sum(second, x.device(), all_reduce_sum);
+  for (int64_t c = 0; c < C; ++c) var[c] = second[c] / n;
   if (running_mean.defined()) {  // PyTorch: the global mean and the unbiased global variance
     autograd::NoGradGuard ng;
     std::vector<double> rm = host_doubles(running_mean), rv = host_doubles(running_var);
