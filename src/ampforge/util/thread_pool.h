@@ -27,7 +27,9 @@ bool in_parallel_region();
 // parallel_for first. For code that runs on threads of its own (oneDNN's OpenMP team): a worker spinning
 // in its ~1 ms window would share a core with those threads and slow them down as a third thread on two
 // cores would. Scopes nest and may overlap across threads. The price: the first parallel_for after the
-// scope wakes its workers through the condition variable (tens of microseconds).
+// scope wakes its workers through the condition variable (tens of microseconds). Where parallel_for runs on
+// the OpenMP team itself (builds with oneDNN on GCC: util/thread_pool.cpp), there are no other workers and a
+// scope does nothing.
 class PoolIdleScope {
  public:
   PoolIdleScope();
