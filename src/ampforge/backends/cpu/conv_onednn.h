@@ -25,6 +25,13 @@ bool onednn_built();
 // build without oneDNN, or any other value, raises InvalidArgument naming the variable.
 CpuConvPath cpu_conv_path();
 
+// The algorithm AMPFORGE_CPU_CONV_ALGO asks for (read at every call): unset, empty or "auto" lets 3x3 stride-1
+// F32 convolutions with >= 64 channels on >= 14x14 outputs run on oneDNN's Winograd kernels (faster there;
+// rounding within the F32 tolerance table of the direct sum: conv_onednn.cpp); "direct" keeps every problem
+// on direct kernels (PyTorch's CPU choice). Any other value raises InvalidArgument naming the variable.
+enum class CpuConvAlgo { Auto, Direct };
+CpuConvAlgo cpu_conv_algo();
+
 // oneDNN convolution primitives executed by this process so far (all three directions), for the tests
 // that check which path ran.
 int64_t onednn_conv_executions();

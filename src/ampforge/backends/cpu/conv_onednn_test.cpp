@@ -220,3 +220,58 @@ TEST(OneDnnConv, NestedCallRunsOnOneThread) {
   });
   for (const Tensor& t : inside) expect_close(t, outside, "nested conv2d");
 }
+
+TEST(OneDnnConv, WinogradWhereItPaysWithinTheF32Table) {
+  // ResNet-50's layer1 3x3 at a smaller batch: 64 channels on 16x16 outputs fits the Winograd rule; each direction
+  // must run on the Winograd kernels and agree with im2col's direct sums, in both activation layouts. 576 terms
+  // per output and input-gradient element, 2 * 16 * 16 per weight-gradient element.
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
+  for (MemoryFormat mf : {kNHWC, kNCHW}) {
+    const std::string what = mf == kNHWC ? "NHWC" : "NCHW";
+    Tensor x = rnd({2, 64, 16, 16}, DType::F32, mf), w = rnd({64, 64, 3, 3}, DType::F32);
+    const MemoryFormat of = ops::conv2d_memory_format(x, w);
+    Tensor gy = rnd({2, 64, 16, 16}, DType::F32, of);
+    int64_t n = 0;
+    const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, a, &n);
+    ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "auto");
+    ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
+    ConvRun got;
+    got.y = ops::conv2d(x, w, Tensor(), a);
+    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    got.gx = ops::conv2d_backward_input(gy, w, x.shape(), a, of);
+    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    got.gw = ops::conv2d_backward_weight(gy, x, w.shape(), a);
+    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    EXPECT_TRUE(got.y.is_contiguous(of)) << what;
+    expect_close(got.y, ref.y, what + " forward", 576.0 / 300);
+    expect_close(got.gx, ref.gx, what + " grad_input", 576.0 / 300);
+    expect_close(got.gw, ref.gw, what + " grad_weight", 512.0 / 300);
+    {
+      ScopedEnv direct("AMPFORGE_CPU_CONV_ALGO", "direct");
+      ops::conv2d(x, w, Tensor(), a);
+      if (mf == kNHWC) EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+    }
+  }
+  // Below the rule's bounds (32 channels; 8x8 outputs) the direct kernels run.
+  for (const Shape& xs : {Shape{2, 32, 16, 16}, Shape{2, 64, 8, 8}}) {
+    ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
+    Tensor x = rnd(xs, DType::F32, kNHWC), w = rnd({xs[1], xs[1], 3, 3}, DType::F32);
+    ops::conv2d(x, w, Tensor(), a);
+    EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << xs.str() << ": " << cpu::onednn_last_impl();
+  }
+}
+
+TEST(OneDnnConv, BadAlgoEnvValueIsAnError) {
+  ScopedEnv env("AMPFORGE_CPU_CONV_ALGO", "fft");
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN): the variable is not read";
+  ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
+  Tensor x = rnd({1, 2, 4, 4}, DType::F32, kNHWC), w = rnd({2, 2, 3, 3}, DType::F32);
+  try {
+    ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 1, 1, 1, 1, 1));
+    ADD_FAILURE() << "AMPFORGE_CPU_CONV_ALGO=fft did not raise";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_CONV_ALGO=fft: expected auto or direct"), std::string::npos)
+        << e.what();
+  }
+}
