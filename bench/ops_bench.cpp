@@ -88,6 +88,20 @@ int main(int argc, char** argv) {
         af::autograd::grad({y}, {x, w, b}, {g});
       });
   }
+  {  // ResNet-50 layer1's block end: relu(bn3(x) + identity), fused and as three ops
+    const int64_t N = 8, C = 256, H = 56, W = 56;
+    af::Tensor x = af::randn({N, C, H, W}).contiguous(af::MemoryFormat::ChannelsLast).requires_grad_();
+    af::Tensor r = af::randn({N, C, H, W}).contiguous(af::MemoryFormat::ChannelsLast).requires_grad_();
+    af::Tensor w = af::ones({C}).requires_grad_(), b = af::zeros({C}).requires_grad_();
+    af::Tensor g = af::randn({N, C, H, W}).contiguous(af::MemoryFormat::ChannelsLast);
+    for (bool fused : {true, false})
+      ours[fused ? "bn_add_relu_fwdbwd" : "bn_add_relu_ops_fwdbwd"] = timeit([&] {
+        af::Tensor y = fused ? af::batch_norm_add_act(x, r, w, b, af::Tensor(), af::Tensor(), true, 0.1, 1e-5,
+                                                      af::NormAct::ReLU)
+                             : af::relu(af::add(af::batch_norm(x, w, b, af::Tensor(), af::Tensor(), true, 0.1, 1e-5), r));
+        af::autograd::grad({y}, {x, r, w, b}, {g});
+      });
+  }
   const int64_t n = 1 << 22;
   af::Tensor x = af::randn({n}), y = af::randn({n});
   ours["add_4M"] = timeit([&] { af::ops::add(x, y); });

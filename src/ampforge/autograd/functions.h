@@ -130,6 +130,14 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 // devices the two ops run as they are.
 Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                       const Tensor& running_var, bool training, double momentum, double eps, NormAct act);
+// act(batch_norm(x, ...) + residual) for act = None or ReLU: the end of a ResNet residual block (bn3, the
+// shortcut's add, the ReLU). Same values as the three ops in F32 (BF16/F16 round once instead of after each);
+// on the CPU one pass writes the output and the backward reads the ReLU mask from it, so neither the sum nor
+// bn(x) is ever stored. residual: x's shape (its layout may differ). Elsewhere, and in recompute mode (which
+// keeps less than the fused op's output), the three ops run as they are.
+Tensor batch_norm_add_act(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                          const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                          double eps, NormAct act);
 // Training-mode batch_norm whose statistics are those of the global batch of a data-parallel job
 // (torch.nn.SyncBatchNorm): each replica's per-channel count and mean, then its spread about the global mean
 // (F64), are summed over the replicas by `all_reduce_sum` (in place on a contiguous tensor on x's device; every

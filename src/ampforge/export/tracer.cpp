@@ -768,6 +768,7 @@ class Tracer {
         const std::string w = a.in(1).defined() ? in(1) : constant(ampforge::ones(Shape{C}, a.in(3).dtype()));
         const std::string bias = a.in(2).defined() ? in(2) : constant(ampforge::zeros(Shape{C}, a.in(3).dtype()));
         std::string y = emit("BatchNormalization", {in(0), w, bias, in(3), in(4)}, {{"epsilon", float(b.eps)}});
+        if (a.in(5).defined()) y = emit("Add", {y, in(5)}, {});  // batch_norm_add_act: the residual's sum
         if (b.act == NormAct::ReLU) y = emit("Relu", {y}, {});  // batch_norm_act: the activation as its own node
         if (b.act == NormAct::SiLU) y = emit("Mul", {y, emit("Sigmoid", {y}, {})}, {});
         return out(y);

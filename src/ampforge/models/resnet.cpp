@@ -49,9 +49,10 @@ BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride, nn::ModulePtr
 
 Tensor BasicBlock::forward(const Tensor& x) {                 // (N, in, H, W)
   Tensor out = bn1->forward_act((*conv1)(x), NormAct::ReLU);  // (N, planes, H/s, W/s)
-  out = (*bn2)((*conv2)(out));                                // (N, planes, H/s, W/s)
   const Tensor identity = downsample ? (*downsample)(x) : x;  // (N, planes, H/s, W/s)
-  return (*relu)(add(out, identity));
+  // relu(bn2(conv2(out)) + identity) as one op (BatchNorm2d::forward_add_act); `relu` stays in the module tree
+  // as torchvision's does.
+  return bn2->forward_add_act((*conv2)(out), identity, NormAct::ReLU);  // (N, planes, H/s, W/s)
 }
 
 // ---- Bottleneck: x -> conv1x1 - bn - relu - conv3x3(stride, groups) - bn - relu - conv1x1 - bn -> + shortcut ---
@@ -72,9 +73,10 @@ Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, nn::ModulePtr
 Tensor Bottleneck::forward(const Tensor& x) {                 // (N, in, H, W)
   Tensor out = bn1->forward_act((*conv1)(x), NormAct::ReLU);  // (N, width, H, W)
   out = bn2->forward_act((*conv2)(out), NormAct::ReLU);       // (N, width, H/s, W/s)
-  out = (*bn3)((*conv3)(out));                                // (N, 4 planes, H/s, W/s)
   const Tensor identity = downsample ? (*downsample)(x) : x;  // (N, 4 planes, H/s, W/s)
-  return (*relu)(add(out, identity));
+  // relu(bn3(conv3(out)) + identity) as one op (BatchNorm2d::forward_add_act); `relu` stays in the module tree
+  // as torchvision's does.
+  return bn3->forward_add_act((*conv3)(out), identity, NormAct::ReLU);  // (N, 4 planes, H/s, W/s)
 }
 
 // ---- ResNet ---------------------------------------------------------------------------------------------------

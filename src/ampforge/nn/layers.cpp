@@ -61,15 +61,20 @@ BatchNorm2d::BatchNorm2d(int64_t c, BatchNormOptions opt) : Module("BatchNorm2d"
   }
 }
 Tensor BatchNorm2d::forward(const Tensor& x) { return forward_act(x, NormAct::None); }
-Tensor BatchNorm2d::forward_act(const Tensor& x, NormAct act) {
+Tensor BatchNorm2d::forward_act(const Tensor& x, NormAct act) { return forward_add_act(x, Tensor(), act); }
+Tensor BatchNorm2d::forward_add_act(const Tensor& x, const Tensor& residual, NormAct act) {
   const bool use_batch_stats = is_training() || !running_mean.defined();
   if (is_training() && num_batches_tracked.defined()) ops::add_(num_batches_tracked, ops::ones({}, DType::I64, num_batches_tracked.device()));
   if (sync && is_training()) {
     ReplicaSum* replicas = sync.get();
     Tensor y = sync_batch_norm(x, weight, bias, running_mean, running_var, options.momentum, options.eps,
                                [replicas](const Tensor& t) { replicas->all_reduce_sum(t); });
+    if (residual.defined()) y = add(y, residual);
     return act == NormAct::ReLU ? relu(y) : act == NormAct::SiLU ? silu(y) : y;
   }
+  if (residual.defined())
+    return batch_norm_add_act(x, residual, weight, bias, running_mean, running_var, use_batch_stats, options.momentum,
+                              options.eps, act);
   return batch_norm_act(x, weight, bias, running_mean, running_var, use_batch_stats, options.momentum, options.eps, act);
 }
 std::string BatchNorm2d::extra_repr() const {

@@ -59,6 +59,9 @@ class BatchNorm2d : public Module {
   // act(forward(x)) in one fused op where the device allows (autograd batch_norm_act): what conv blocks call
   // for "BN then ReLU/SiLU". Same state-dict, same values, less memory and time.
   virtual Tensor forward_act(const Tensor& x, NormAct act);
+  // act(forward(x) + residual), act None or ReLU (autograd batch_norm_add_act): a residual block's end
+  // (ResNet's bn3, shortcut add and ReLU) in one fused op where the device allows.
+  virtual Tensor forward_add_act(const Tensor& x, const Tensor& residual, NormAct act);
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   // Set: SyncBatchNorm. In training, the statistics are those of the global batch (every replica's), as
   // torch.nn.SyncBatchNorm (autograd sync_batch_norm); eval and the state dict are unchanged.

@@ -28,7 +28,7 @@ void check_channel_vector(const Tensor& t, const Tensor& x, int64_t C, const cha
 }  // namespace
 
 BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                           const Tensor& running_var, const BatchNormAttrs& attrs) {
+                           const Tensor& running_var, const BatchNormAttrs& attrs, const Tensor& residual) {
   check_defined(x_in, "batch_norm", "input");
   check_float(x_in, "batch_norm", "input");
   AF_CHECK(x_in.dim() >= 2, "batch_norm: expected input of shape (N, C) or (N, C, *), got {}", x_in.shape().str());
@@ -50,13 +50,25 @@ BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tenso
   AF_CHECK(!attrs.training || per_channel > 1,
            "batch_norm: expected more than 1 value per channel when training, got input shape {}",
            x_in.shape().str());
+  if (residual.defined()) {
+    AF_CHECK(batch_norm_fuses_activation(x_in.device()),
+             "batch_norm: a fused residual runs on the CPU only, not on {} (use batch_norm_add_act in "
+             "autograd/functions.h, which composes it elsewhere)", x_in.device().str());
+    AF_CHECK(attrs.act == NormAct::None || attrs.act == NormAct::ReLU,
+             "batch_norm: a fused residual takes no activation or ReLU");
+    check_same_device(residual, x_in, "batch_norm");
+    AF_CHECK(residual.shape() == x_in.shape() && residual.dtype() == x_in.dtype(),
+             "batch_norm: residual {} {} must have the input's shape and dtype ({} {})", residual.shape().str(),
+             dtype_name(residual.dtype()), x_in.shape().str(), dtype_name(x_in.dtype()));
+  }
   const MemoryFormat fmt = bn_format(x_in);
   Tensor x = contiguous(x_in, fmt);
+  const Tensor res = residual.defined() ? contiguous(residual, fmt) : Tensor();
   BatchNormResult r;
   r.out = Tensor::empty(x.shape(), x.dtype(), x.device(), fmt);
   r.save_mean = Tensor::empty({C}, stat_dtype(x.dtype()), x.device());
   r.save_invstd = Tensor::empty({C}, stat_dtype(x.dtype()), x.device());
-  dispatch(OpId::batch_norm, x.device(), {x, weight, bias, running_mean, running_var},
+  dispatch(OpId::batch_norm, x.device(), {x, weight, bias, running_mean, running_var, res},
            {r.out, r.save_mean, r.save_invstd}, &attrs);
   if (attrs.training && running_mean.defined()) {
     running_mean.storage()->bump_version();
@@ -69,7 +81,7 @@ bool batch_norm_fuses_activation(Device device) { return meta::stands_for(device
 
 NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tensor& weight, const Tensor& save_mean,
                               const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want,
-                              const Tensor& bias) {
+                              const Tensor& bias, const Tensor& out) {
   check_defined(grad, "batch_norm_backward", "grad");
   check_defined(x_in, "batch_norm_backward", "input");
   AF_CHECK(grad.shape() == x_in.shape(), "batch_norm_backward: grad shape {} differs from the input shape {}",
@@ -77,18 +89,26 @@ NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tens
   check_same_device(grad, x_in, "batch_norm_backward");
   AF_CHECK(attrs.act == NormAct::None || batch_norm_fuses_activation(x_in.device()),
            "batch_norm_backward: a fused activation runs on the CPU only, not on {}", x_in.device().str());
+  if (out.defined()) {
+    AF_CHECK(batch_norm_fuses_activation(x_in.device()) && (attrs.act == NormAct::None || attrs.act == NormAct::ReLU),
+             "batch_norm_backward: the residual form runs on the CPU with no activation or ReLU");
+    AF_CHECK(out.shape() == x_in.shape(), "batch_norm_backward: output shape {} differs from the input shape {}",
+             out.shape().str(), x_in.shape().str());
+  }
   const MemoryFormat fmt = bn_format(x_in);
   Tensor x = contiguous(x_in, fmt);
   Tensor g = contiguous(to_dtype(grad, x.dtype()), fmt);
+  const Tensor y = out.defined() ? contiguous(to_dtype(out, x.dtype()), fmt) : Tensor();
   NormGrads r;
   if (want[0]) r.grad_input = Tensor::empty(x.shape(), x.dtype(), x.device(), fmt);
+  if (out.defined()) r.grad_residual = Tensor::empty(x.shape(), x.dtype(), x.device(), fmt);
   const int64_t C = x.size(1);
   // Parameter gradients take the weight's dtype; without a weight (bias only) the statistics' dtype.
   const DType pdt = weight.defined() ? weight.dtype() : stat_dtype(x.dtype());
   if (want[1] && weight.defined()) r.grad_weight = Tensor::empty({C}, pdt, x.device());
   if (want[2]) r.grad_bias = Tensor::empty({C}, pdt, x.device());
-  dispatch(OpId::batch_norm_backward, x.device(), {g, x, weight, save_mean, save_invstd, bias},
-           {r.grad_input, r.grad_weight, r.grad_bias}, &attrs);
+  dispatch(OpId::batch_norm_backward, x.device(), {g, x, weight, save_mean, save_invstd, bias, y},
+           {r.grad_input, r.grad_weight, r.grad_bias, r.grad_residual}, &attrs);
   return r;
 }
 

@@ -116,18 +116,22 @@ struct BatchNormResult {
 };
 // x (N, C, *); weight, bias, running_mean, running_var: (C) or undefined. Training updates the running
 // stats in place (momentum, unbiased variance). Eval requires the running stats. attrs.act: out =
-// act(bn(x)) in the same pass (devices where batch_norm_fuses_activation).
+// act(bn(x)) in the same pass (devices where batch_norm_fuses_activation). `residual` (x's shape, dtype;
+// same devices; attrs.act None or ReLU): out = act(bn(x) + residual), a residual block's end in one pass.
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                           const Tensor& running_var, const BatchNormAttrs& attrs);
+                           const Tensor& running_var, const BatchNormAttrs& attrs, const Tensor& residual = Tensor());
 struct NormGrads {
   Tensor grad_input, grad_weight, grad_bias;  // undefined where not asked for
+  Tensor grad_residual;                       // the residual form only (`out` given to batch_norm_backward)
 };
 // want = {input, weight, bias}: which gradients to compute (weight/bias only when weight is defined).
 // attrs.act != None (the forward applied an activation, attrs the forward's): grad is the gradient of
 // act(bn(x)); bn(x) is recomputed from x, save_mean, save_invstd, weight and `bias` (the forward's).
+// `out` given (the residual form's output, act(bn(x) + residual)): the activation's gradient is read from it
+// (ReLU: out > 0) instead, and grad_residual, the gradient of bn(x) + residual, is returned as well (always).
 NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                               const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want,
-                              const Tensor& bias = Tensor());
+                              const Tensor& bias = Tensor(), const Tensor& out = Tensor());
 // Whether batch_norm's kernels on this device apply attrs.act themselves (the CPU, and a meta device standing
 // for it); elsewhere attrs.act must be None.
 bool batch_norm_fuses_activation(Device device);

@@ -78,6 +78,39 @@ Tensor batch_norm_act(const Tensor& x_in, const Tensor& weight, const Tensor& bi
   return r.out;
 }
 
+Tensor batch_norm_add_act(const Tensor& x_in, const Tensor& residual_in, const Tensor& weight, const Tensor& bias,
+                          const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
+                          double eps, NormAct act) {
+  AF_CHECK(act == NormAct::None || act == NormAct::ReLU, "batch_norm_add_act: the activation must be None or ReLU");
+  // Recompute mode composes too: the fused op would keep its output for the ReLU mask, where the separate ops
+  // keep only what they rebuild it from (bn3's input and the shortcut, which the block keeps anyway).
+  if (!ops::batch_norm_fuses_activation(x_in.device()) || autograd::recompute_enabled()) {
+    Tensor y = add(batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps), residual_in);
+    return act == NormAct::ReLU ? relu(y) : y;
+  }
+  Tensor x = x_in, w = weight, b = bias, res = residual_in;
+  autograd::autocast_inputs(OpId::batch_norm, {&x, &w, &b});
+  // The sum is taken in bn's dtype (F32 under autocast), as add would promote a 16-bit residual to it.
+  if (res.dtype() != x.dtype()) res = to(res, x.dtype());
+  const BatchNormAttrs at{training, momentum, eps, act};
+  ops::BatchNormResult r = ops::batch_norm(x, w, b, running_mean, running_var, at, res);
+  if (needs_grad({&x, &res, &w, &b})) {
+    const bool gx = x.requires_grad(), gw = w.defined() && w.requires_grad(), gb = b.defined() && b.requires_grad();
+    const DType bias_dtype = b.defined() ? b.dtype() : DType::F32;
+    // Saved: batch_norm's (input, weight, statistics) and the output, whose sign is the ReLU's mask.
+    const SavedTensor X(x), W(w), Y(r.out);
+    record(act == NormAct::ReLU ? "BatchNormAddReluBackward" : "BatchNormAddBackward", {x, res, w, b}, {r.out},
+           [at, gx, gw, gb, bias_dtype, X, W, Y, M = SavedTensor(r.save_mean),
+            I = SavedTensor(r.save_invstd)](const Grads& g) -> Grads {
+             ops::NormGrads d = ops::batch_norm_backward(g[0], X.get(), W.get(), M.get(), I.get(), at, {gx, gw, gb},
+                                                         Tensor(), Y.get());
+             if (d.grad_bias.defined()) d.grad_bias = ops::to_dtype(d.grad_bias, bias_dtype);
+             return {d.grad_input, d.grad_residual, d.grad_weight, d.grad_bias};
+           });
+  }
+  return r.out;
+}
+
 namespace {
 
 std::vector<double> host_doubles(const Tensor& t) {

@@ -7,9 +7,12 @@
 //                        are updated in place with momentum and the UNBIASED variance (PyTorch semantics).
 //                        Eval: the running statistics normalise, and save_mean/save_invstd receive them, so
 //                        the backward kernel reads one pair of statistics in both modes.
-//   batch_norm_backward  in: grad (layout of x), x, weight | undef, save_mean, save_invstd.
-//                        out: grad_input | undef, grad_weight | undef, grad_bias | undef (each written only
-//                        when defined; all overwritten, never accumulated).
+//                        in(5) residual | undef (layout of x): y = act(bn(x) + residual), act None or ReLU.
+//   batch_norm_backward  in: grad (layout of x), x, weight | undef, save_mean, save_invstd, bias | undef,
+//                        y | undef (the forward's output: residual form, the ReLU mask is y > 0).
+//                        out: grad_input | undef, grad_weight | undef, grad_bias | undef, grad_residual
+//                        (residual form only: the gradient before the activation, which is the residual's)
+//                        (each written only when defined; all overwritten, never accumulated).
 //   layer_norm           in: x (M, N...) contiguous, weight | undef, bias | undef (normalised shape).
 //                        out: y contiguous, mean (M), rstd (M).
 //   layer_norm_backward  in: grad, x, mean, rstd, weight | undef.  out: grad_input, grad_weight, grad_bias
@@ -199,13 +202,43 @@ struct ActGradLoad {
       for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * sc + sh;
     }
     if constexpr (kAct == NormAct::ReLU) {
-      for (int64_t i = 0; i < n; ++i) buf[i] = z[i] > A(0) ? gv[i] : A(0);
+      // g loaded unconditionally: `z > 0 ? g[i] : 0` lets GCC load g under the mask only, a masked load that merges
+      // into the previous iteration's register (a dependency chain through memory: half the speed of this pass).
+      for (int64_t i = 0; i < n; ++i) {
+        const A gi = gv[i];
+        buf[i] = z[i] > A(0) ? gi : A(0);
+      }
     } else {
       A* s = xs.data();  // x is no longer needed (when xv aliases x's memory, xs is unused scratch anyway)
       sigmoid_n(s, z, n);
       for (int64_t i = 0; i < n; ++i) buf[i] = gv[i] * s[i] * (A(1) + z[i] * (A(1) - s[i]));
     }
     return buf;
+  }
+};
+
+// Residual form: dz = g where the forward's output y > 0 (ReLU; every element without an activation), written to
+// `store` in the storage type (a selection, so exact) and handed on in the compute type.
+template <class S, NormAct kAct>
+struct MaskLoad {
+  using A = compute_t<S>;
+  const S* g;
+  const S* y;
+  S* store;
+  const A* operator()(int64_t off, int64_t n, int64_t, A* buf) const {
+    S* d = store + off;
+    const S* gp = g + off;
+    if constexpr (kAct == NormAct::ReLU) {
+      const S* yp = y + off;
+      const S zero(0.0f);
+      for (int64_t i = 0; i < n; ++i) {  // g loaded unconditionally: see ActGradLoad
+        const S gi = gp[i];
+        d[i] = static_cast<A>(yp[i]) > A(0) ? gi : zero;
+      }
+    } else {
+      std::copy(gp, gp + n, d);
+    }
+    return as_compute<S, A>(d, buf, n);
   }
 };
 
@@ -309,12 +342,13 @@ void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* 
     }
 }
 
-// out = act(a * alpha[c] + gamma[c])                      (kTwo = false)
+// out = act(a * alpha[c] + gamma[c] [+ res])              (kTwo = false; res when not null)
 // out = a * alpha[c] + (b - kb[c]) * beta[c] + gamma[c]   (kTwo = true; kAct must be None)
 // a from load_a. Elementwise per channel, any partition (no cross-element arithmetic).
 template <class S, bool kTwo, NormAct kAct = NormAct::None, class LoadA>
 void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, const compute_t<S>* alpha,
-                   const compute_t<S>* beta, const compute_t<S>* kb, const compute_t<S>* gamma) {
+                   const compute_t<S>* beta, const compute_t<S>* kb, const compute_t<S>* gamma,
+                   const S* res = nullptr) {
   static_assert(!kTwo || kAct == NormAct::None);
   using A = compute_t<S>;
   const int64_t C = sh.C;
@@ -335,6 +369,10 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
           for (int64_t i = 0; i < n; ++i) o[i] = ar[i] * alt[i] + (br[i] - kbt[i]) * bet[i] + gat[i];
         } else {
           for (int64_t i = 0; i < n; ++i) o[i] = ar[i] * alt[i] + gat[i];
+          if (res != nullptr) {
+            const A* rr = as_compute<S, A>(res + r * C, bbuf.data(), n);
+            for (int64_t i = 0; i < n; ++i) o[i] += rr[i];
+          }
           act_n<kAct>(o, bbuf.data(), n);
         }
         if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + r * C, n);
@@ -361,6 +399,10 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
           for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + (br[i] - k) * be + ga;
         } else {
           for (int64_t i = 0; i < m; ++i) o[i] = ar[i] * al + ga;
+          if (res != nullptr) {
+            const A* rr = as_compute<S, A>(res + off, bbuf, m);
+            for (int64_t i = 0; i < m; ++i) o[i] += rr[i];
+          }
           act_n<kAct>(o, bbuf, m);
         }
         if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + off, m);
@@ -403,10 +445,12 @@ void fold_scale_shift(const std::vector<double>& mean, const std::vector<double>
 void batch_norm_kernel(const KernelArgs& args) {
   const Tensor& x = args.in(0);
   const Tensor &w = args.in(1), &b = args.in(2), &rm = args.in(3), &rv = args.in(4);
+  const Tensor& res = args.in(5);
   const Tensor &y = args.out(0), &save_mean = args.out(1), &save_invstd = args.out(2);
   const auto& at = args.attr<BatchNormAttrs>();
   const BnShape sh = bn_shape(x);
   check_same_layout(y, x, "batch_norm");
+  if (res.defined()) check_same_layout(res, x, "batch_norm");
   const int64_t C = sh.C, M = sh.count();
   std::vector<double> mean(C), invstd(C);
   visit_float(x.dtype(), "batch_norm", [&](auto tag) {
@@ -442,24 +486,37 @@ void batch_norm_kernel(const KernelArgs& args) {
     }
     store_vec(save_mean, mean);
     store_vec(save_invstd, invstd);
-    if (at.act != NormAct::None) {
-      // Fold what was saved (the statistics' dtype), as the backward will.
+    if (at.act != NormAct::None && !res.defined()) {
+      // Fold what was saved (the statistics' dtype), as the backward will to recompute bn(x). (The residual form's
+      // backward reads its mask from the output instead: it folds the statistics as batch_norm does.)
       mean = load_vec(save_mean, C, 0.0);
       invstd = load_vec(save_invstd, C, 1.0);
     }
     std::vector<A> sa, sb;
     fold_scale_shift(mean, invstd, w, b, sa, sb);
+    const S* rp = res.defined() ? static_cast<const S*>(res.data_ptr()) : nullptr;
     with_act(at.act, [&](auto act) {
       channel_apply<S, false, decltype(act)::value>(sh, PlainLoad<S>{xp}, nullptr, static_cast<S*>(y.data_ptr()),
-                                                    sa.data(), nullptr, nullptr, sb.data());
+                                                    sa.data(), nullptr, nullptr, sb.data(), rp);
     });
   });
 }
 
+// Activations whose gradient the residual form reads from the output alone.
+constexpr bool at_act_maskable(NormAct a) { return a == NormAct::None || a == NormAct::ReLU; }
+
 void batch_norm_backward_kernel(const KernelArgs& args) {
   const Tensor &g = args.in(0), &x = args.in(1), &w = args.in(2), &smean = args.in(3), &sinv = args.in(4);
   const Tensor& bias = args.in(5);  // read only with an activation (to recompute its input)
-  const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2);
+  const Tensor& yfwd = args.in(6);  // residual form: the forward's output (the activation's mask)
+  const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2), &gres = args.out(3);
+  const bool residual = yfwd.defined();
+  AF_ASSERT(residual == gres.defined() && (!residual || at_act_maskable(args.attr<BatchNormAttrs>().act)),
+            "batch_norm_backward: the residual form needs the forward's output and grad_residual, act None or ReLU");
+  if (residual) {
+    check_same_layout(yfwd, x, "batch_norm_backward");
+    check_same_layout(gres, x, "batch_norm_backward");
+  }
   const auto& at = args.attr<BatchNormAttrs>();
   const BnShape sh = bn_shape(x);
   check_same_layout(g, x, "batch_norm_backward");
@@ -472,22 +529,17 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
     const S* xp = static_cast<const S*>(x.data_ptr());
     const S* gp = static_cast<const S*>(g.data_ptr());
     std::vector<A> sa, sb;  // the forward's scale and shift (fused activation)
-    if (at.act != NormAct::None) {
+    if (at.act != NormAct::None && !residual) {
       fold_scale_shift(mean, invstd, w, bias, sa, sb);
       if (sh.rows) {  // the loader indexes them by position in a tile of rows
         sa = tiled(sa.data(), C, rows_per_tile(C));
         sb = tiled(sb.data(), C, rows_per_tile(C));
       }
     }
-    with_act(at.act, [&](auto act_c) {
+    // The residual form: the kernels read dz = g * act'(.) from grad_residual, written by the first pass over
+    // the data (the sums, or the only pass when no sums are needed).
+    auto run = [&](auto act_c, const auto& load_g) {
       constexpr NormAct kAct = decltype(act_c)::value;
-      // The incoming gradient as the kernels see it: g itself, or g * act'(x * scale + shift).
-      auto load_g = [&] {
-        if constexpr (kAct == NormAct::None)
-          return PlainLoad<S>{gp};
-        else
-          return ActGradLoad<S, kAct>{gp, xp, sa.data(), sb.data()};
-      }();
       std::vector<double> sg(C, 0.0), sgx(C, 0.0);  // sum(g), sum(g * (x - mean))
       const bool need_sums = (at.training && gx.defined()) || gw.defined() || gb.defined();
       // SiLU in training: the sums pass leaves dz in grad_input and the last pass reads it from there.
@@ -531,8 +583,32 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
                            mu = cast_vec<A>(mean);
       if (dz_in_out)  // reads dz and writes dx at the same index: in place is safe
         channel_apply<S, true>(sh, PlainLoad<S>{out}, xp, out, al.data(), be.data(), mu.data(), ga.data());
+      else if (residual && need_sums)  // dz is in grad_residual already
+        channel_apply<S, true>(sh, PlainLoad<S>{static_cast<const S*>(gres.data_ptr())}, xp, out, al.data(), be.data(),
+                               mu.data(), ga.data());
       else
         channel_apply<S, true>(sh, load_g, xp, out, al.data(), be.data(), mu.data(), ga.data());
+    };
+    with_act(at.act, [&](auto act_c) {
+      constexpr NormAct kAct = decltype(act_c)::value;
+      if (residual) {
+        if constexpr (kAct != NormAct::SiLU) {
+          const MaskLoad<S, kAct> load{gp, static_cast<const S*>(yfwd.data_ptr()), static_cast<S*>(gres.data_ptr())};
+          run(std::integral_constant<NormAct, NormAct::None>{}, load);
+          // No gradient of x, weight or bias wanted, so no pass above read the data: dz is still to be written.
+          if (!gx.defined() && !gw.defined() && !gb.defined())
+            parallel_for(sh.outer * sh.C * sh.inner, kElementwiseGrain, [&](int64_t b0, int64_t b1) {
+              alignas(64) A buf[kChunk];
+              for (int64_t i = b0; i < b1; i += kChunk) load(i, std::min(kChunk, b1 - i), -1, buf);
+            });
+        }
+        return;
+      }
+      // The incoming gradient as the kernels see it: g itself, or g * act'(x * scale + shift).
+      if constexpr (kAct == NormAct::None)
+        run(act_c, PlainLoad<S>{gp});
+      else
+        run(act_c, ActGradLoad<S, kAct>{gp, xp, sa.data(), sb.data()});
     });
   });
 }

@@ -268,6 +268,144 @@ TEST(BatchNormAct, MatchesBatchNormThenActivation) {
         }
 }
 
+// ---- batch norm + residual + activation (batch_norm_add_act) ----------------------------------------------
+
+// The fused op against batch_norm, add and relu as separate ops: values, running statistics and the gradients
+// of x, the residual, weight and bias; both layouts (the residual in x's layout or the other one), training and
+// eval, F32 and BF16, no activation and ReLU.
+TEST(BatchNormAddAct, MatchesBatchNormAddThenActivation) {
+  Generator gen(13);
+  for (NormAct act : {NormAct::None, NormAct::ReLU})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast})
+        for (bool res_same_layout : {true, false})
+          for (bool training : {true, false}) {
+            const Shape s{3, 5, 17, 19};
+            const MemoryFormat rfmt = res_same_layout ? fmt
+                                      : fmt == MemoryFormat::Contiguous ? MemoryFormat::ChannelsLast
+                                                                        : MemoryFormat::Contiguous;
+            Tensor x0 = ops::contiguous(ops::to_dtype(ops::randn(s, DType::F32, kCPU, &gen), dt), fmt);
+            Tensor r0 = ops::contiguous(ops::to_dtype(ops::randn(s, DType::F32, kCPU, &gen), dt), rfmt);
+            Tensor w0 = ops::randn({5}, DType::F32, kCPU, &gen), b0 = ops::randn({5}, DType::F32, kCPU, &gen);
+            Tensor g = ops::contiguous(ops::to_dtype(ops::randn(s, DType::F32, kCPU, &gen), dt), fmt);
+            struct Run {
+              Tensor y, rm, rv, gx, gr, gw, gb;
+            };
+            auto run = [&](bool fused) {
+              Run r;
+              Tensor x = ops::clone(x0).requires_grad_(true), res = ops::clone(r0).requires_grad_(true);
+              Tensor w = ops::clone(w0).requires_grad_(true), b = ops::clone(b0).requires_grad_(true);
+              r.rm = ops::full({5}, 0.25);
+              r.rv = ops::full({5}, 2.0);
+              if (fused) {
+                r.y = batch_norm_add_act(x, res, w, b, r.rm, r.rv, training, 0.1, 1e-5, act);
+              } else {
+                Tensor z = add(batch_norm(x, w, b, r.rm, r.rv, training, 0.1, 1e-5), res);
+                r.y = act == NormAct::ReLU ? relu(z) : z;
+              }
+              r.y.backward(g);
+              r.gx = x.grad();
+              r.gr = res.grad();
+              r.gw = w.grad();
+              r.gb = b.grad();
+              return r;
+            };
+            const Run f = run(true), u = run(false);
+            const std::string what = fmt::format("{} {} {} residual {} {}", act == NormAct::ReLU ? "relu" : "none",
+                                                 dtype_name(dt), fmt == MemoryFormat::ChannelsLast ? "channels-last" : "nchw",
+                                                 res_same_layout ? "same layout" : "other layout",
+                                                 training ? "train" : "eval");
+            EXPECT_EQ(f.y.dtype(), u.y.dtype()) << what;
+            // The output takes x's layout (add's rule for mixed layouts may differ; ResNet's operands share one).
+            EXPECT_EQ(f.y.is_contiguous(MemoryFormat::ChannelsLast), fmt == MemoryFormat::ChannelsLast) << what;
+            // F32: the same float operations in the same order, equal values (relu may differ in the sign of a
+            // zero). 16-bit: the separate ops round bn(x) and the sum.
+            if (dt == DType::F32) {
+              expect_close(f.y, u.y, 0, 0, "y " + what);
+              expect_close(f.gr, u.gr, 0, 0, "grad_residual " + what);
+            }
+            const double tol = dt == DType::F32 ? 2e-6 : 2e-2;
+            expect_close(f.y, u.y, tol, tol, "y " + what);
+            expect_bitwise_equal(f.rm, u.rm, "running_mean " + what);
+            expect_bitwise_equal(f.rv, u.rv, "running_var " + what);
+            if (dt == DType::F32) {
+              expect_close(f.gx, u.gx, 20 * tol, 20 * tol, "grad_input " + what);
+              expect_close(f.gw, u.gw, 20 * tol, 20 * tol, "grad_weight " + what);
+              expect_close(f.gb, u.gb, 20 * tol, 20 * tol, "grad_bias " + what);
+            } else {
+              // 16-bit: a sum within rounding of zero has another sign in the separate ops (which round bn(x), then
+              // the sum), so their ReLU masks differ at ~1% of the elements and the gradients with them. Pinned
+              // instead: the residual's gradient is g where the fused output is > 0 (the F32 cases pin the rest).
+              const std::vector<double> yv = f.y.tolist<double>(), gv = g.tolist<double>(), gr = f.gr.tolist<double>();
+              for (size_t i = 0; i < yv.size(); ++i)
+                ASSERT_EQ(gr[i], act == NormAct::None || yv[i] > 0 ? gv[i] : 0.0) << what << " element " << i;
+            }
+          }
+}
+
+TEST(BatchNormAddAct, GradientsMatchFiniteDifferences) {
+  Generator gen(17);
+  const int64_t C = 3;
+  for (NormAct act : {NormAct::None, NormAct::ReLU})
+    for (bool training : {true, false})
+      for (bool channels_last : {false, true}) {
+        Tensor x = leaf({2, C, 3, 2}, gen), res = leaf({2, C, 3, 2}, gen), w = leaf({C}, gen), b = leaf({C}, gen);
+        Tensor rm = ops::randn({C}, DType::F64, kCPU, &gen);
+        Tensor rv = ops::add_scalar(ops::mul(rm, rm), 0.5);
+        expect_gradients_match(
+            [&](const std::vector<Tensor>& in) {
+              Tensor xi = channels_last ? in[0].contiguous(MemoryFormat::ChannelsLast) : in[0];
+              return batch_norm_add_act(xi, in[1], in[2], in[3], training ? Tensor() : rm, training ? Tensor() : rv,
+                                        training, 0.1, 1e-5, act);
+            },
+            {x, res, w, b}, 1e-6,
+            fmt::format("batch_norm_add_act act {} {}", static_cast<int>(act), training ? "train" : "eval"));
+      }
+  // Only the residual wants a gradient: no pass over x runs, and grad_residual is still the masked gradient.
+  Tensor x = ops::randn({2, C, 4, 4}, DType::F64, kCPU, &gen), res = leaf({2, C, 4, 4}, gen);
+  Tensor y = batch_norm_add_act(x, res, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, NormAct::ReLU);
+  Tensor g = ops::randn({2, C, 4, 4}, DType::F64, kCPU, &gen);
+  y.backward(g);
+  const std::vector<double> yv = y.tolist<double>(), gv = g.tolist<double>(), gr = res.grad().tolist<double>();
+  for (size_t i = 0; i < yv.size(); ++i) ASSERT_EQ(gr[i], yv[i] > 0 ? gv[i] : 0.0) << "element " << i;
+}
+
+TEST(BatchNormAddAct, SameBitsForAnyThreadCount) {
+  Generator gen(19);
+  for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    Tensor x = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+    Tensor res = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+    Tensor g = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+    Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
+    auto run = [&] {
+      Tensor rm = ops::zeros({16}), rv = ops::ones({16});
+      const BatchNormAttrs at{true, 0.1, 1e-5, NormAct::ReLU};
+      auto r = ops::batch_norm(x, w, b, rm, rv, at, res);
+      auto d = ops::batch_norm_backward(g, x, w, r.save_mean, r.save_invstd, at, {true, true, true}, Tensor(), r.out);
+      return std::vector<Tensor>{r.out, r.save_mean, r.save_invstd, rv, d.grad_input, d.grad_weight, d.grad_bias,
+                                 d.grad_residual};
+    };
+    auto one = with_threads(1, run);
+    auto two = with_threads(2, run);
+    for (size_t i = 0; i < one.size(); ++i) expect_bitwise_equal(one[i], two[i], "output " + std::to_string(i));
+  }
+}
+
+TEST(BatchNormAddAct, BadResidualsAreClearErrors) {
+  Tensor x = ops::zeros({4, 3, 2, 2});
+  std::string m = error_message([&] {
+    ops::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), {true, 0.1, 1e-5, NormAct::ReLU}, ops::zeros({4, 3, 2, 1}));
+  });
+  EXPECT_NE(m.find("residual"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 3, 2, 1]"), std::string::npos) << m;
+  m = error_message([&] {
+    ops::batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), {true, 0.1, 1e-5, NormAct::SiLU}, ops::zeros({4, 3, 2, 2}));
+  });
+  EXPECT_NE(m.find("no activation or ReLU"), std::string::npos) << m;
+  m = error_message([&] { batch_norm_add_act(x, x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, NormAct::SiLU); });
+  EXPECT_NE(m.find("None or ReLU"), std::string::npos) << m;
+}
+
 // SiLU's backward needs its input: the separate ops keep bn(x) alive for backward, the fused op recomputes it
 // from x (which batch_norm keeps anyway). Measured on the meta device standing for the CPU.
 TEST(BatchNormAct, SiluKeepsNoPreActivation) {
