@@ -53,6 +53,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -286,24 +287,28 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   };
   dn::primitive_attr rattr;
   rattr.set_scratchpad_mode(dn::scratchpad_mode::user);
-  auto reorder = [&](const md& from, const md& to) {
+  // A layout copy; none when it would need a scratchpad (none of these copies does: execute() passes none).
+  auto reorder = [&](const md& from, const md& to) -> std::optional<dn::reorder> {
     const dn::reorder::primitive_desc rpd(cpu_engine(), from, cpu_engine(), to, rattr);
-    // A reorder's scratchpad (none for these layout copies) must be empty: execute() passes none.
-    AF_ASSERT(rpd.scratchpad_desc().get_size() == 0, "conv2d (oneDNN): a reorder asks for scratch");
+    if (rpd.scratchpad_desc().get_size() != 0) return std::nullopt;
     return dn::reorder(rpd);
   };
   bool made = false;
   if (p.winograd) {
     const md image_blk(r->image_md.dims(), dt, tag::nChw16c), out_blk(r->out_md.dims(), dt, tag::nChw16c);
-    made = make(dn::algorithm::convolution_winograd, image_blk, out_blk);
-    if (made) {
+    // The image flows into the forward and weight-gradient convolutions and out of the input-gradient one; the
+    // output (or its gradient) the other way round. Without both copies, or without a Winograd kernel for the
+    // problem, the direct kernels run it.
+    std::optional<dn::reorder> ri = p.dir == Dir::BackwardInput ? reorder(image_blk, r->image_md)
+                                                                : reorder(r->image_md, image_blk);
+    std::optional<dn::reorder> ro = p.dir == Dir::Forward ? reorder(out_blk, r->out_md) : reorder(r->out_md, out_blk);
+    if (ri && ro && make(dn::algorithm::convolution_winograd, image_blk, out_blk)) {
+      made = true;
       r->act_reorder = true;
       r->image_prim_md = image_blk;
       r->out_prim_md = out_blk;
-      // The image flows into the forward and weight-gradient convolutions and out of the input-gradient one;
-      // the output (or its gradient) the other way round.
-      r->image_reorder = p.dir == Dir::BackwardInput ? reorder(image_blk, r->image_md) : reorder(r->image_md, image_blk);
-      r->out_reorder = p.dir == Dir::Forward ? reorder(out_blk, r->out_md) : reorder(r->out_md, out_blk);
+      r->image_reorder = *ri;
+      r->out_reorder = *ro;
     }
   }
   if (!made && !make(dn::algorithm::convolution_direct, r->image_md, r->out_md)) return r;
@@ -316,9 +321,12 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   r->scratch_md = pd.scratchpad_desc();
   r->weight_prim_md = weight_prim;
   r->reorder = weight_prim != r->weight_user_md;
-  if (r->reorder)
-    r->weight_reorder = p.dir != Dir::BackwardWeight ? reorder(r->weight_user_md, weight_prim)
-                                                     : reorder(weight_prim, r->weight_user_md);
+  if (r->reorder) {
+    std::optional<dn::reorder> rw = p.dir != Dir::BackwardWeight ? reorder(r->weight_user_md, weight_prim)
+                                                                 : reorder(weight_prim, r->weight_user_md);
+    if (!rw) return r;
+    r->weight_reorder = *rw;
+  }
   r->usable = true;
   return r;
 }
