@@ -10,7 +10,11 @@
 // CPU). One profiled step (our profiler: op self times, the forward/backward/optimizer split) shows where the
 // time goes.
 // Never pass/fail. Usage: resnet_bench [--threads N] [--steps N] [--warmup N] [--batch N] [--size N]
-//                                      [--optimizer sgd|adamw] [--precision fp32,bf16] [--no-peer] [--profile]
+//                                      [--optimizer sgd|adamw] [--precision fp32,bf16] [--rounds N] [--no-peer]
+//                                      [--profile]
+// --rounds N: N rounds of (ampforge, PyTorch) per precision, one row each, then the median of their ratios: on a
+// machine whose speed drifts within minutes (a shared VM), alternating the two and taking the median of the
+// per-round ratios says more than one pair of measurements.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +44,7 @@ struct Args {
   std::string optimizer = "sgd";
   std::vector<std::string> precisions = {"fp32", "bf16"};
   bool peer = true, profile = false;
+  int rounds = 1;
 };
 
 struct Timing {
@@ -156,7 +161,7 @@ int main(int argc, char** argv) {
   Args a;
   auto usage = [] {
     std::fprintf(stderr, "usage: resnet_bench [--threads N] [--steps N] [--warmup N] [--batch N] [--size N] "
-                         "[--optimizer sgd|adamw] [--precision fp32,bf16,fp16] [--no-peer] [--profile]\n"
+                         "[--optimizer sgd|adamw] [--precision fp32,bf16,fp16] [--rounds N] [--no-peer] [--profile]\n"
                          "CPU only; GPUs: ampforge bench --device cuda\n");
     return 2;
   };
@@ -169,6 +174,7 @@ int main(int argc, char** argv) {
     else if (f == "--threads") a.threads = std::atoi(argv[++i]);
     else if (f == "--steps") a.steps = std::atoi(argv[++i]);
     else if (f == "--warmup") a.warmup = std::atoi(argv[++i]);
+    else if (f == "--rounds") a.rounds = std::atoi(argv[++i]);
     else if (f == "--batch") a.batch = std::atoll(argv[++i]);
     else if (f == "--size") a.size = std::atoll(argv[++i]);
     else if (f == "--optimizer") a.optimizer = argv[++i];
@@ -178,7 +184,7 @@ int main(int argc, char** argv) {
       for (std::string p; std::getline(list, p, ',');) a.precisions.push_back(p);
     } else return usage();
   }
-  if (a.threads < 1 || a.steps < 1 || a.warmup < 0 || a.batch < 1 || a.size < 32 ||
+  if (a.threads < 1 || a.steps < 1 || a.warmup < 0 || a.batch < 1 || a.size < 32 || a.rounds < 1 ||
       (a.optimizer != "sgd" && a.optimizer != "adamw"))
     return usage();
   af::set_num_threads(a.threads);
@@ -192,36 +198,50 @@ int main(int argc, char** argv) {
   std::printf("%-9s %22s %22s %22s %9s\n", "precision", "ampforge s/step", "PyTorch NCHW", "PyTorch channels_last",
               "ratio");
   for (const std::string& p : a.precisions) {
-    const af::DType dt = af::dtype_from_string(p);
-    const Timing ours = ampforge_step_times(a, dt, a.profile);
-    std::string cells[2] = {"-", "-"}, ratio = "-", note;
-    if (a.peer && p != "fp16") {
-      auto peer = af::bench::run_peer(
-          fmt::format("--threads {} --precision {} --batch {} --size {} --steps {} --warmup {} --optimizer {}",
-                      a.threads, p, a.batch, a.size, a.steps, a.warmup, a.optimizer),
-          "torch_resnet_peer.py");
-      if (peer && peer->contains("best")) {
-        const auto& res = (*peer)["results"];
-        const char* fmts[2] = {"nchw", "channels_last"};
-        for (int k = 0; k < 2; ++k)
-          if (res.contains(fmts[k]))
-            cells[k] = fmt::format("{:.3f} [{:.3f}]", res[fmts[k]]["median"].get<double>(),
-                                   res[fmts[k]]["mean"].get<double>());
-        const double best = res[(*peer)["best"].get<std::string>()]["median"].get<double>();
-        ratio = fmt::format("{:.2f}x", best / ours.median);
-        const auto& b = res[(*peer)["best"].get<std::string>()];
-        note = fmt::format("PyTorch {} steps: {} s; CPU {:.2f} s/step (CPU-time ratio {:.2f}x)",
-                           (*peer)["best"].get<std::string>(), join(b["seconds"].get<std::vector<double>>()),
-                           b["cpu_median"].get<double>(), b["cpu_median"].get<double>() / ours.cpu_median);
-      } else {
-        note = peer && peer->contains("error") ? (*peer)["error"].get<std::string>() : "peer not available";
+    std::vector<double> ratios;
+    for (int round = 0; round < a.rounds; ++round) {
+      const af::DType dt = af::dtype_from_string(p);
+      const Timing ours = ampforge_step_times(a, dt, a.profile && round == 0);
+      std::string cells[2] = {"-", "-"}, ratio = "-", note;
+      if (a.peer && p != "fp16") {
+        auto peer = af::bench::run_peer(
+            fmt::format("--threads {} --precision {} --batch {} --size {} --steps {} --warmup {} --optimizer {}",
+                        a.threads, p, a.batch, a.size, a.steps, a.warmup, a.optimizer),
+            "torch_resnet_peer.py");
+        if (peer && peer->contains("best")) {
+          const auto& res = (*peer)["results"];
+          const char* fmts[2] = {"nchw", "channels_last"};
+          for (int k = 0; k < 2; ++k)
+            if (res.contains(fmts[k]))
+              cells[k] = fmt::format("{:.3f} [{:.3f}]", res[fmts[k]]["median"].get<double>(),
+                                     res[fmts[k]]["mean"].get<double>());
+          const double best = res[(*peer)["best"].get<std::string>()]["median"].get<double>();
+          ratio = fmt::format("{:.2f}x", best / ours.median);
+          ratios.push_back(best / ours.median);
+          const auto& b = res[(*peer)["best"].get<std::string>()];
+          note = fmt::format("PyTorch {} steps: {} s; CPU {:.2f} s/step (CPU-time ratio {:.2f}x)",
+                             (*peer)["best"].get<std::string>(), join(b["seconds"].get<std::vector<double>>()),
+                             b["cpu_median"].get<double>(), b["cpu_median"].get<double>() / ours.cpu_median);
+        } else {
+          note = peer && peer->contains("error") ? (*peer)["error"].get<std::string>() : "peer not available";
+        }
       }
+      std::printf("%-9s %22s %22s %22s %9s\n", p.c_str(), fmt::format("{:.3f} [{:.3f}]", ours.median, ours.mean).c_str(),
+                  cells[0].c_str(), cells[1].c_str(), ratio.c_str());
+      std::printf("%-9s ampforge steps: %s s; %.2f images/s; CPU %.2f s/step%s%s\n", "", join(ours.seconds).c_str(),
+                  static_cast<double>(a.batch) / ours.median, ours.cpu_median, note.empty() ? "" : "; ", note.c_str());
+      std::fflush(stdout);
     }
-    std::printf("%-9s %22s %22s %22s %9s\n", p.c_str(), fmt::format("{:.3f} [{:.3f}]", ours.median, ours.mean).c_str(),
-                cells[0].c_str(), cells[1].c_str(), ratio.c_str());
-    std::printf("%-9s ampforge steps: %s s; %.2f images/s; CPU %.2f s/step%s%s\n", "", join(ours.seconds).c_str(),
-                static_cast<double>(a.batch) / ours.median, ours.cpu_median, note.empty() ? "" : "; ", note.c_str());
-    std::fflush(stdout);
+    if (ratios.size() > 1) {
+      std::vector<double> sorted = ratios;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t n = sorted.size();
+      const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+      std::string list;
+      for (double r : ratios) list += fmt::format("{}{:.2f}x", list.empty() ? "" : ", ", r);
+      std::printf("%-9s %zu rounds: ratios %s; median %.2fx\n", p.c_str(), n, list.c_str(), median);
+      std::fflush(stdout);
+    }
   }
   std::printf("ratio = PyTorch's best median / ampforge's median (> 1: ampforge is faster)\n");
   return 0;
