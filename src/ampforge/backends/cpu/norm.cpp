@@ -194,6 +194,24 @@ struct ActGradLoad {
     }
     const A* xv = as_compute<S, A>(x + off, xs.data(), n);
     const A* gv = as_compute<S, A>(g + off, buf, n);  // may be the memory itself: written to buf below
+    if constexpr (kAct == NormAct::ReLU) {
+      // One loop, z never stored. g loaded unconditionally: `z > 0 ? g[i] : 0` lets GCC load g under the mask
+      // only, a masked load that merges into the previous iteration's register (a dependency chain through
+      // memory: half the speed of this pass).
+      if (c < 0) {
+        for (int64_t i = 0; i < n; ++i) {
+          const A gi = gv[i];
+          buf[i] = xv[i] * scale[i] + shift[i] > A(0) ? gi : A(0);
+        }
+      } else {
+        const A sc = scale[c], sh = shift[c];
+        for (int64_t i = 0; i < n; ++i) {
+          const A gi = gv[i];
+          buf[i] = xv[i] * sc + sh > A(0) ? gi : A(0);
+        }
+      }
+      return buf;
+    }
     A* z = zs.data();
     if (c < 0) {
       for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * scale[i] + shift[i];
@@ -201,18 +219,9 @@ struct ActGradLoad {
       const A sc = scale[c], sh = shift[c];
       for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * sc + sh;
     }
-    if constexpr (kAct == NormAct::ReLU) {
-      // g loaded unconditionally: `z > 0 ? g[i] : 0` lets GCC load g under the mask only, a masked load that merges
-      // into the previous iteration's register (a dependency chain through memory: half the speed of this pass).
-      for (int64_t i = 0; i < n; ++i) {
-        const A gi = gv[i];
-        buf[i] = z[i] > A(0) ? gi : A(0);
-      }
-    } else {
-      A* s = xs.data();  // x is no longer needed (when xv aliases x's memory, xs is unused scratch anyway)
-      sigmoid_n(s, z, n);
-      for (int64_t i = 0; i < n; ++i) buf[i] = gv[i] * s[i] * (A(1) + z[i] * (A(1) - s[i]));
-    }
+    A* s = xs.data();  // SiLU; x is no longer needed (when xv aliases x's memory, xs is unused scratch anyway)
+    sigmoid_n(s, z, n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = gv[i] * s[i] * (A(1) + z[i] * (A(1) - s[i]));
     return buf;
   }
 };
