@@ -124,6 +124,9 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale_h = 2, int64_t scale_w 
 // weight/bias (C) or undefined; running stats (C) F32, or undefined (training only).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+// act(y) as its own op: relu(y), silu(y), or y itself for None. What the fused batch-norm ops compose where they
+// do not fuse.
+Tensor norm_act(const Tensor& y, NormAct act);
 // act(batch_norm(...)) for act = ReLU or SiLU (None: batch_norm), the pair every conv block of ResNet and YOLOv8
 // ends with. Same values and gradients as the two ops; on the CPU one kernel writes act(bn(x)) and the backward
 // recomputes bn(x) from x, so bn(x) is never stored and two elementwise passes each way disappear. On other

@@ -76,6 +76,9 @@ struct UpsampleAttrs {
 // An activation applied to batch_norm's output inside the same kernel (ops::batch_norm_act): y = act(bn(x)).
 // The backward kernel recomputes bn(x) from x, so neither bn(x) nor a mask is kept.
 enum class NormAct : uint8_t { None, ReLU, SiLU };
+// The activations batch_norm's residual form takes (act(bn(x) + residual)): those whose gradient its backward
+// reads from the output alone (ReLU: output > 0).
+inline bool norm_act_takes_residual(NormAct a) { return a == NormAct::None || a == NormAct::ReLU; }
 
 struct BatchNormAttrs {
   bool training = true;

@@ -69,8 +69,7 @@ Tensor BatchNorm2d::forward_add_act(const Tensor& x, const Tensor& residual, Nor
     ReplicaSum* replicas = sync.get();
     Tensor y = sync_batch_norm(x, weight, bias, running_mean, running_var, options.momentum, options.eps,
                                [replicas](const Tensor& t) { replicas->all_reduce_sum(t); });
-    if (residual.defined()) y = add(y, residual);
-    return act == NormAct::ReLU ? relu(y) : act == NormAct::SiLU ? silu(y) : y;
+    return norm_act(residual.defined() ? add(y, residual) : y, act);
   }
   if (residual.defined())
     return batch_norm_add_act(x, residual, weight, bias, running_mean, running_var, use_batch_stats, options.momentum,

@@ -54,8 +54,7 @@ BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tenso
     AF_CHECK(batch_norm_fuses_activation(x_in.device()),
              "batch_norm: a fused residual runs on the CPU only, not on {} (use batch_norm_add_act in "
              "autograd/functions.h, which composes it elsewhere)", x_in.device().str());
-    AF_CHECK(attrs.act == NormAct::None || attrs.act == NormAct::ReLU,
-             "batch_norm: a fused residual takes no activation or ReLU");
+    AF_CHECK(norm_act_takes_residual(attrs.act), "batch_norm: a fused residual takes no activation or ReLU");
     check_same_device(residual, x_in, "batch_norm");
     AF_CHECK(residual.shape() == x_in.shape() && residual.dtype() == x_in.dtype(),
              "batch_norm: residual {} {} must have the input's shape and dtype ({} {})", residual.shape().str(),
@@ -90,7 +89,7 @@ NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tens
   AF_CHECK(attrs.act == NormAct::None || batch_norm_fuses_activation(x_in.device()),
            "batch_norm_backward: a fused activation runs on the CPU only, not on {}", x_in.device().str());
   if (out.defined()) {
-    AF_CHECK(batch_norm_fuses_activation(x_in.device()) && (attrs.act == NormAct::None || attrs.act == NormAct::ReLU),
+    AF_CHECK(batch_norm_fuses_activation(x_in.device()) && norm_act_takes_residual(attrs.act),
              "batch_norm_backward: the residual form runs on the CPU with no activation or ReLU");
     AF_CHECK(out.shape() == x_in.shape(), "batch_norm_backward: output shape {} differs from the input shape {}",
              out.shape().str(), x_in.shape().str());

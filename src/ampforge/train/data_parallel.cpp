@@ -67,10 +67,6 @@ uint64_t structure_hash(const nn::Module& model) {
   return h;
 }
 
-}  // namespace
-
-namespace {
-
 // nn::ReplicaSum over a communicator: a blocking all-reduce (the statistics are needed right away).
 class CommReplicaSum final : public nn::ReplicaSum {
  public:

@@ -45,11 +45,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   return r.out;
 }
 
+Tensor norm_act(const Tensor& y, NormAct act) {
+  return act == NormAct::ReLU ? relu(y) : act == NormAct::SiLU ? silu(y) : y;
+}
+
 Tensor batch_norm_act(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                       const Tensor& running_var, bool training, double momentum, double eps, NormAct act) {
   if (act == NormAct::None || !ops::batch_norm_fuses_activation(x_in.device())) {
-    Tensor y = batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps);
-    return act == NormAct::ReLU ? relu(y) : act == NormAct::SiLU ? silu(y) : y;
+    return norm_act(batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps), act);
   }
   Tensor x = x_in, w = weight, b = bias;
   autograd::autocast_inputs(OpId::batch_norm, {&x, &w, &b});
@@ -81,12 +84,12 @@ Tensor batch_norm_act(const Tensor& x_in, const Tensor& weight, const Tensor& bi
 Tensor batch_norm_add_act(const Tensor& x_in, const Tensor& residual_in, const Tensor& weight, const Tensor& bias,
                           const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
                           double eps, NormAct act) {
-  AF_CHECK(act == NormAct::None || act == NormAct::ReLU, "batch_norm_add_act: the activation must be None or ReLU");
+  AF_CHECK(norm_act_takes_residual(act), "batch_norm_add_act: the activation must be None or ReLU");
   // Recompute mode composes too: the fused op would keep its output for the ReLU mask, where the separate ops
   // keep only what they rebuild it from (bn3's input and the shortcut, which the block keeps anyway).
   if (!ops::batch_norm_fuses_activation(x_in.device()) || autograd::recompute_enabled()) {
-    Tensor y = add(batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps), residual_in);
-    return act == NormAct::ReLU ? relu(y) : y;
+    return norm_act(add(batch_norm(x_in, weight, bias, running_mean, running_var, training, momentum, eps), residual_in),
+                    act);
   }
   Tensor x = x_in, w = weight, b = bias, res = residual_in;
   autograd::autocast_inputs(OpId::batch_norm, {&x, &w, &b});

@@ -92,6 +92,17 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
                     << ")";
 }
 
+// A 3x3 convolution of x must raise an Error whose message contains `message` (what a bad setting says).
+void expect_conv_error(const Tensor& x, const std::string& message) {
+  Tensor w = rnd({x.size(1), x.size(1), 3, 3}, DType::F32);
+  try {
+    ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 1, 1, 1, 1, 1));
+    ADD_FAILURE() << "no error; expected one saying '" << message << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(OneDnnConv, EnvVarChoosesThePath) {
@@ -120,14 +131,7 @@ TEST(OneDnnConv, EnvVarChoosesThePath) {
 
 TEST(OneDnnConv, BadEnvValueIsAnError) {
   ScopedEnv env("AMPFORGE_CPU_CONV", "winograd");
-  Tensor x = rnd({1, 2, 4, 4}, DType::F32), w = rnd({2, 2, 3, 3}, DType::F32);
-  try {
-    ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 1, 1, 1, 1, 1));
-    ADD_FAILURE() << "AMPFORGE_CPU_CONV=winograd did not raise";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_CONV=winograd: expected im2col or onednn"), std::string::npos)
-        << e.what();
-  }
+  expect_conv_error(rnd({1, 2, 4, 4}, DType::F32), "AMPFORGE_CPU_CONV=winograd: expected im2col or onednn");
 }
 
 TEST(OneDnnConv, MatchesIm2colF32AndBF16) {
@@ -266,12 +270,5 @@ TEST(OneDnnConv, BadAlgoEnvValueIsAnError) {
   ScopedEnv env("AMPFORGE_CPU_CONV_ALGO", "fft");
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN): the variable is not read";
   ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
-  Tensor x = rnd({1, 2, 4, 4}, DType::F32, kNHWC), w = rnd({2, 2, 3, 3}, DType::F32);
-  try {
-    ops::conv2d(x, w, Tensor(), conv_attrs(1, 1, 1, 1, 1, 1, 1));
-    ADD_FAILURE() << "AMPFORGE_CPU_CONV_ALGO=fft did not raise";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_CONV_ALGO=fft: expected auto or direct"), std::string::npos)
-        << e.what();
-  }
+  expect_conv_error(rnd({1, 2, 4, 4}, DType::F32, kNHWC), "AMPFORGE_CPU_CONV_ALGO=fft: expected auto or direct");
 }

@@ -511,16 +511,13 @@ void batch_norm_kernel(const KernelArgs& args) {
   });
 }
 
-// Activations whose gradient the residual form reads from the output alone.
-constexpr bool at_act_maskable(NormAct a) { return a == NormAct::None || a == NormAct::ReLU; }
-
 void batch_norm_backward_kernel(const KernelArgs& args) {
   const Tensor &g = args.in(0), &x = args.in(1), &w = args.in(2), &smean = args.in(3), &sinv = args.in(4);
   const Tensor& bias = args.in(5);  // read only with an activation (to recompute its input)
   const Tensor& yfwd = args.in(6);  // residual form: the forward's output (the activation's mask)
   const Tensor &gx = args.out(0), &gw = args.out(1), &gb = args.out(2), &gres = args.out(3);
   const bool residual = yfwd.defined();
-  AF_ASSERT(residual == gres.defined() && (!residual || at_act_maskable(args.attr<BatchNormAttrs>().act)),
+  AF_ASSERT(residual == gres.defined() && (!residual || norm_act_takes_residual(args.attr<BatchNormAttrs>().act)),
             "batch_norm_backward: the residual form needs the forward's output and grad_residual, act None or ReLU");
   if (residual) {
     check_same_layout(yfwd, x, "batch_norm_backward");
