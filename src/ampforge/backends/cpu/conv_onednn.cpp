@@ -18,15 +18,15 @@
 //
 // Algorithm: direct convolution, except that 3x3 stride-1 F32 convolutions with >= 64 input and output
 // channels on images of >= 14x14 outputs run on oneDNN's Winograd kernels (F(4x4, 3x3): 2.25x fewer
-// multiplications) unless AMPFORGE_CPU_CONV_ALGO=direct. Measured on the build machine (2 threads, batch 8,
-// forward / input gradient / weight gradient): 64 channels at 56x56 7.7 / 8.5 / 8.0 ms direct vs 4.1 / 4.1 /
-// 4.1 ms Winograd; 256 at 14x14 7.1 / 8.0 / 8.0 vs 5.1 / 5.0 / 4.7; 512 at 7x7 no faster (hence the 14x14
-// bound); fewer than 64 channels is not worth the layout copies below. Winograd rounds differently from a
+// multiplications) unless AMPFORGE_CPU_CONV_ALGO=direct. bench/onednn_conv_shapes measures the kernels alone
+// (docs/PERFORMANCE.md): about 1.4-2x faster per direction for ResNet-50's 64-256 channels at 56x56-14x14,
+// slower at 7x7 (hence the 14x14 bound) and at 16 channels; below 64 channels the layout copies below were not
+// judged worth it. Winograd rounds differently from a
 // direct sum (its transforms add and subtract scaled inputs before the products): results agree with the
 // direct kernels within the F32 tolerance table (tests), as cuDNN's Winograd algorithms, which PyTorch's
 // cudnn.benchmark picks on GPUs, do. oneDNN's Winograd kernels read and write the blocked nChw16c layout
 // only, so these primitives copy the activations in (nhwc/nchw -> nChw16c) and the result out, around the
-// call; the copies are included in the measurements above' bound (~0.7 ms per 6 MB tensor).
+// call (0.1-0.3 ms per copy of ResNet-50's 14x14-28x28 activations at batch 8).
 //
 // Primitive cache: creating a primitive descriptor walks oneDNN's implementation list and JIT-compiles
 // kernels (0.1-10 ms each), against ~1 ms for a typical execution. Each problem (direction, dtype, shapes,
