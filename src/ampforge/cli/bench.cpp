@@ -26,6 +26,7 @@
 #include "ampforge/hw/subprocess.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/models/registry.h"
+#include "ampforge/profiler/report.h"
 #include "ampforge/memory/fit.h"
 #include "ampforge/memory/stats.h"
 #include "ampforge/train/benchmark.h"
@@ -62,6 +63,7 @@ struct BenchFlags {
   std::string budget;    // --budget, with --max-batch
   bool max_batch = false;
   bool recompute = false;
+  bool profile = false;
   int64_t image_size = 0, seq_len = 0;
   int warmup = -1, steps = -1, threads = 0;
   bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
@@ -306,6 +308,7 @@ int run_bench(const BenchFlags& f) {
   rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
                         : "reduced for a CPU (--full for the brief's): ";
   bool first_size = true;
+  std::string profile_text;  // --profile: each cell's report, printed after the table
 
   const int total_cells = static_cast<int>(model_names.size() * precisions.size());
   int cell = 0;
@@ -346,6 +349,7 @@ int run_bench(const BenchFlags& f) {
         bo.optimizer = f.optimizer;
         bo.cuda_graphs = f.cuda_graphs;
         bo.recompute = f.recompute;
+        bo.profile = f.profile;
         bo.on_step = [](int done, int all) {
           std::fprintf(stderr, " %d/%d", done, all);
           std::fflush(stderr);
@@ -362,6 +366,12 @@ int run_bench(const BenchFlags& f) {
         row.ours.last_loss = r.last_loss;
         row.ours.timer = r.timer;
         row.ours.memory_format = f.nchw ? "nchw" : "channels_last";
+        if (r.profile) {
+          const profiler::Report pr = profiler::compute_report(*r.profile);
+          row.ours.profile = profiler::report_to_json(pr, 50);
+          profile_text += fmt::format("\n{} {} batch {}, one profiled step (not timed):\n{}", m, p, sz.batch,
+                                      profiler::format_report(pr));
+        }
         std::fprintf(stderr, " %.1f samples/s", r.samples_per_sec);
       } catch (const Error& e) {
         row.ours.error = e.what();
@@ -395,6 +405,10 @@ int run_bench(const BenchFlags& f) {
   if (!f.svg.empty()) write_file_atomically(f.svg, bench_svg(rep), "SVG file");
   if (f.json) std::printf("%s\n", bench_to_json(rep).dump(2).c_str());
   else std::printf("%s", bench_table(rep).c_str());
+  if (!profile_text.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s", profile_text.c_str());
+  }
   bool any_ok = false;
   for (const auto& r : rep.rows) any_ok = any_ok || r.ours.ok;
   return any_ok ? 0 : 1;
@@ -422,6 +436,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_flag("--channels-last", f->channels_last, "Images in channels-last layout (the default)");
   sub->add_flag("--nchw", f->nchw, "Images in NCHW layout");
   sub->add_flag("--cuda-graphs", f->cuda_graphs, "CUDA: capture each training step once and replay it");
+  sub->add_flag("--profile", f->profile, "After each cell's timed steps, profile one more step of ampforge's (ops, "
+                "phases; kernels on a GPU) and print the report on stderr (in --json: each cell's \"profile\")");
   sub->add_flag("--recompute", f->recompute, "Steps as `ampforge train --recompute` runs them (cheap activations "
                 "rebuilt in backward; the peer keeps its default)");
   sub->add_flag("--full", f->full, "The brief's batch sizes on any device (a GPU gets them by default)");

@@ -78,6 +78,36 @@ TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   EXPECT_EQ(std::atoi(buf), 2) << slurp(svg);
 }
 
+// --profile: one more step per cell under the profiler, not timed; its report is on stderr and in each cell's
+// JSON (the phases of one step, the ops with the convolutions among them); without the flag there is none.
+TEST(BenchCli, ProfileReportsOneExtraStepPerCell) {
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --peer none "
+                                   "--threads 1 --json --profile", /*with_stderr=*/false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 1u);
+  const auto& a = j["rows"][0]["ampforge"];
+  EXPECT_EQ(a["step_seconds"].size(), 1u) << "the profiled step is not a timed one";
+  ASSERT_TRUE(a.contains("profile")) << a;
+  const auto& p = a["profile"];
+  EXPECT_EQ(p["step"]["steps"], 1);
+  EXPECT_GT(p["step"]["forward_ns"].get<int64_t>(), 0);
+  EXPECT_GT(p["step"]["backward_ns"].get<int64_t>(), 0);
+  EXPECT_GT(p["step"]["optimizer_ns"].get<int64_t>(), 0);
+  bool conv = false;
+  for (const auto& op : p["ops"]) conv = conv || op["name"] == "conv2d";
+  EXPECT_TRUE(conv) << p["ops"];
+  const CmdResult text = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --peer none "
+                                      "--threads 1 --profile", /*with_stderr=*/true);
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("one profiled step (not timed)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("conv2d"), std::string::npos) << text.out;
+  const CmdResult plain = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --peer none "
+                                       "--threads 1 --json", /*with_stderr=*/false);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_FALSE(nlohmann::json::parse(plain.out)["rows"][0]["ampforge"].contains("profile"));
+}
+
 // A stand-in for the peer's interpreter: answers the torch probe, and the peer script's invocation with the
 // JSON the script prints (0.5 s per step; fp16 fails as PyTorch 1.13's CPU autocast does), so the ratio and
 // the failure display can be checked exactly.

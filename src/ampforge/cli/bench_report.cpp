@@ -46,6 +46,7 @@ nlohmann::json side_json(const BenchSide& s) {
   j["peak_allocated_bytes"] = s.peak_allocated_bytes >= 0 ? nlohmann::json(s.peak_allocated_bytes) : nlohmann::json();
   j["peak_reserved_bytes"] = s.peak_reserved_bytes >= 0 ? nlohmann::json(s.peak_reserved_bytes) : nlohmann::json();
   if (!s.memory_format.empty()) j["memory_format"] = s.memory_format;
+  if (!s.profile.is_null()) j["profile"] = s.profile;
   return j;
 }
 

@@ -24,6 +24,7 @@ struct BenchSide {
   double last_loss = 0;
   std::string timer;             // "cuda events" | "host clock"
   std::string memory_format;     // the peer's best layout ("nchw" | "channels_last"), or ampforge's
+  nlohmann::json profile;        // --profile (ampforge's side): the profiler's report of one extra step; null if not asked
 };
 
 // The brief's RTX 4080 figures for a model (samples/s, FP32 and FP16).

@@ -8,6 +8,7 @@
 #include "ampforge/memory/caching_allocator.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/optim/adamw.h"
+#include "ampforge/profiler/profiler.h"
 #include "ampforge/train/graph_step.h"
 #include "ampforge/train/step.h"
 #include "ampforge/util/error.h"
@@ -157,6 +158,18 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   for (const Tensor& p : model.parameters()) r.parameters += p.numel();
   r.last_loss = last_loss.defined() ? last_loss.item() : 0.0;
   r.graph_nodes = graph.nodes();
+  if (o.profile) {
+    profiler::SessionOptions po;
+    po.memory_device = dev;
+    profiler::Session session(po);
+    session.start();
+    {
+      profiler::Range step_range("step", profiler::RangeKind::Step);
+      step(warmup + o.steps + 1, true);
+    }
+    if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
+    r.profile = session.stop();
+  }
   return r;
 }
 

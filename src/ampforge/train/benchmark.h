@@ -10,10 +10,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ampforge/core/dtype.h"
+#include "ampforge/profiler/profile_data.h"
 #include "ampforge/train/workload.h"
 
 namespace ampforge::train {
@@ -31,6 +33,9 @@ struct BenchmarkOptions {
   std::string optimizer = "sgd";  // sgd (momentum 0.9) | adamw, lr 1e-3, as the peer script
   bool cuda_graphs = false;       // CUDA: capture the step once after the warm-up, replay it
   bool recompute = false;         // rebuild cheap activations in backward (StepOptions::recompute)
+  // One more step after the timed ones, under the profiler (ops, phases; kernels on a GPU); not timed, so
+  // the profiler's cost never reaches the figures. Its data lands in BenchmarkResult::profile.
+  bool profile = false;
   // Called after every step (warm-up ones too) with (steps done, total steps): progress output.
   std::function<void(int, int)> on_step;
 };
@@ -45,6 +50,7 @@ struct BenchmarkResult {
   double last_loss = 0;              // the last timed step's loss (a finite number shows the step worked)
   std::string timer;                 // "cuda events" | "host clock"
   int64_t graph_nodes = 0;           // operations in the captured step (cuda_graphs)
+  std::optional<profiler::ProfileData> profile;  // options.profile: the profiled step
 };
 
 // Runs options.warmup + options.steps training steps of `w` (its model is updated). Throws what the

@@ -311,9 +311,12 @@ void bce_kernel(const KernelArgs& a) {
           const int64_t m = std::min(kChunk, i1 - i0);
           load_n<S, A>(xp + i0, xb, m);
           load_n<S, A>(tp + i0, tb, m);
-          // max(x, 0) - x t + log(1 + exp(-|x|)): never exponentiates a positive number.
-          for (int64_t i = 0; i < m; ++i)
-            ob[i] = std::max(xb[i], A(0)) - xb[i] * tb[i] + std::log1p(std::exp(-std::abs(xb[i])));
+          // max(x, 0) - x t + log(1 + exp(-|x|)): never exponentiates a positive number. exp and log1p
+          // over the chunk with vmath (SLEEF's vector functions): the scalar libm calls were 4/5 of the time.
+          for (int64_t i = 0; i < m; ++i) ob[i] = -std::abs(xb[i]);
+          vmath::exp(ob, ob, m);
+          vmath::log1p(ob, ob, m);
+          for (int64_t i = 0; i < m; ++i) ob[i] += std::max(xb[i], A(0)) - xb[i] * tb[i];
           if (at.reduction == Reduction::None)
             store_n<S, A>(ob, lp + i0, m);
           else
@@ -353,8 +356,10 @@ void bce_backward_kernel(const KernelArgs& a) {
         load_n<S, A>(xp + c, xb, m);
         load_n<S, A>(tp + c, tb, m);
         if (per_elem) load_n<S, A>(gp + c, gb, m);
+        for (int64_t i = 0; i < m; ++i) ob[i] = -xb[i];
+        vmath::exp(ob, ob, m);
         for (int64_t i = 0; i < m; ++i) {
-          const A sig = A(1) / (A(1) + std::exp(-xb[i]));
+          const A sig = A(1) / (A(1) + ob[i]);
           ob[i] = (sig - tb[i]) * (per_elem ? gb[i] : gs);
         }
         store_n<S, A>(ob, op + c, m);

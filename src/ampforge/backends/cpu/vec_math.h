@@ -1,4 +1,4 @@
-// Vectorised float math for the CPU kernels: exp, log, tanh and erf over contiguous float arrays.
+// Vectorised float math for the CPU kernels: exp, log, log1p, tanh and erf over contiguous float arrays.
 //
 // With AVX2 at compile time and SLEEF present (Debian's libsleef-dev; the vectorised libm that PyTorch's
 // CPU kernels use too), each call evaluates 8 floats with SLEEF's 1.0-ULP AVX2 functions; glibc's scalar
@@ -36,6 +36,9 @@ inline void exp(const float* x, float* y, int64_t n) { apply8(x, y, n, [](__m256
 inline void log(const float* x, float* y, int64_t n) { apply8(x, y, n, [](__m256 v) { return Sleef_logf8_u10avx2(v); }); }
 inline void tanh(const float* x, float* y, int64_t n) {
   apply8(x, y, n, [](__m256 v) { return Sleef_tanhf8_u10avx2(v); });
+}
+inline void log1p(const float* x, float* y, int64_t n) {
+  apply8(x, y, n, [](__m256 v) { return Sleef_log1pf8_u10avx2(v); });
 }
 // erf by Abramowitz & Stegun 7.1.26: erf(|x|) = 1 - t (a1 + t (a2 + ... a5 t)) exp(-x^2), t = 1 / (1 + p|x|),
 // absolute error <= 1.5e-7 (about one F32 ulp of values near 1; PyTorch's vectorised CPU erf uses the same
@@ -103,6 +106,10 @@ void log(const T* x, T* y, int64_t n) {
 template <class T>
 void tanh(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+template <class T>
+void log1p(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::log1p(x[i]);
 }
 template <class T>
 void gelu_erf(const T* x, T* y, int64_t n) {
