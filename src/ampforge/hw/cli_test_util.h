@@ -24,9 +24,12 @@ struct CliResult {
   double seconds = 0;
 };
 
-// The environment every scenario starts from: the fakes, no CUDA libraries, no Python, no colour.
+// The environment every scenario starts from: the fakes, no CUDA libraries, no Python, no colour, and
+// OpenBLAS's kernels as the process chooses them (an OPENBLAS_CORETYPE of the machine's environment would make
+// host.blas_kernels say "set by the user"; empty is unset for OpenBLAS and ampforge alike).
 inline std::map<std::string, std::string> fake_env(const std::string& scenario) {
-  return {{"AMPFORGE_NVML_LIBRARY", AMPFORGE_FAKE_NVML},
+  return {{"OPENBLAS_CORETYPE", ""},
+          {"AMPFORGE_NVML_LIBRARY", AMPFORGE_FAKE_NVML},
           {"AMPFORGE_CUDART_LIBRARY", AMPFORGE_FAKE_CUDART},
           {"AMPFORGE_CUDNN_LIBRARY", "/nonexistent/libcudnn.so.9"},
           {"AMPFORGE_CUBLAS_LIBRARY", "/nonexistent/libcublas.so.12"},

@@ -184,9 +184,11 @@ double checkpoint_gap(const fs::path& a, const fs::path& b, bool statistics) {
 // what one process with batch 16 computes (not `--accumulate 2`, as local BatchNorm does). Not to the F32 table:
 // the convolutions run at batch 8 on one side and 16 on the other (other blockings, other summation orders), and
 // batch norm's bias gradients are sums that cancel, so a few elements of the momentum buffer differ by ~1e-4
-// after four steps (clang -O1 build: 3e-4). What the test pins instead: the running statistics agree to 1e-4,
-// and the parameters and optimizer state are at least ten times closer to the one-process run than those of
-// local BatchNorm (which normalises each rank's 8 examples by themselves).
+// after four steps (clang -O1 build: 3e-4). What the test pins instead: the running statistics are at least a
+// hundred times closer to the one-process run than local BatchNorm's (which normalises each rank's 8 examples
+// by themselves) and within 1e-2, and so are the parameters and optimizer state, ten times. Measured gaps of the
+// statistics: 3e-6 (Xeon, OpenBLAS's SkylakeX kernels), 7e-4 to 1e-3 (AMD Zen 5 with OPENBLAS_CORETYPE=Haswell
+// in the environment: other SGEMM blockings, amplified over four steps); local BatchNorm 1.3.
 TEST(DistTrain, SyncBatchNormEqualsOneProcessWithTheGlobalBatch) {
   AF_REQUIRE_MPI();
   const Job j = job("resnet-small", "--optimizer sgd");
@@ -201,7 +203,9 @@ TEST(DistTrain, SyncBatchNormEqualsOneProcessWithTheGlobalBatch) {
   ASSERT_EQ(local.code, 0) << local.out;
   const double sync_stats = checkpoint_gap(j.dir / "sync.safetensors", j.dir / "one.safetensors", true);
   const double local_stats = checkpoint_gap(j.dir / "local.safetensors", j.dir / "one.safetensors", true);
-  EXPECT_LT(sync_stats, 1e-4) << "SyncBatchNorm's running statistics differ from the global batch's";
+  EXPECT_LT(sync_stats, 1e-2) << "SyncBatchNorm's running statistics differ from the global batch's";
+  EXPECT_LT(sync_stats * 100, local_stats) << "SyncBatchNorm's running statistics are not much closer to the global "
+                                              "batch's than local BatchNorm's";
   EXPECT_GT(local_stats, 1e-3) << "local BatchNorm should not match the global batch's statistics";
   const double sync_params = checkpoint_gap(j.dir / "sync.safetensors", j.dir / "one.safetensors", false);
   const double local_params = checkpoint_gap(j.dir / "local.safetensors", j.dir / "one.safetensors", false);
