@@ -379,10 +379,8 @@ constexpr double kSqrtHalf = 0.70710678118654752440, kSqrt2OverPi = 0.7978845608
                  kInvSqrt2Pi = 0.39894228040143267794, kGeluTanhC = 0.044715;
 
 template <class A>
-void sigmoid_n(A* o, const A* x, A* t, int64_t n) {  // 1 / (1 + exp(-x))
-  for (int64_t i = 0; i < n; ++i) t[i] = -x[i];
-  vmath::exp(t, t, n);
-  for (int64_t i = 0; i < n; ++i) o[i] = A(1) / (A(1) + t[i]);
+void sigmoid_n(A* o, const A* x, A*, int64_t n) {  // 1 / (1 + exp(-x))
+  vmath::sigmoid(x, o, n);
 }
 template <class A>
 void gelu_erf_n(A* o, const A* x, A*, int64_t n) {  // x * Phi(x)

@@ -152,13 +152,9 @@ struct PlainLoad {
 
 // sigmoid(z) = 1 / (1 + exp(-z)) over n values, as the silu kernels compute it (backends/cpu/elementwise.cpp),
 // so a fused activation gives the values of the separate ops.
-inline void sigmoid_n(float* s, const float* z, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) s[i] = -z[i];
-  vmath::exp(s, s, n);
-  for (int64_t i = 0; i < n; ++i) s[i] = 1.0f / (1.0f + s[i]);
-}
-inline void sigmoid_n(double* s, const double* z, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) s[i] = 1.0 / (1.0 + std::exp(-z[i]));
+template <class A>
+inline void sigmoid_n(A* s, const A* z, int64_t n) {
+  vmath::sigmoid(z, s, n);
 }
 
 // y = act(y) in place over n values; t is scratch of n.
