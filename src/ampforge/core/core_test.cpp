@@ -138,7 +138,9 @@ TEST(TypePromotion, ZeroDimOperandsFollowPyTorch) {
     const Tensor b = ops::zeros(r.b_zero_dim ? Shape{} : Shape{3}, r.b);
     EXPECT_EQ(ops::result_type(a, b), r.want) << dtype_name(r.a) << " " << dtype_name(r.b);
     EXPECT_EQ(ops::result_type(b, a), r.want) << dtype_name(r.b) << " " << dtype_name(r.a);
-    if (r.want != DType::Bool) EXPECT_EQ(add(a, b).dtype(), r.want) << dtype_name(r.a) << " + " << dtype_name(r.b);
+    if (r.want != DType::Bool) {
+      EXPECT_EQ(add(a, b).dtype(), r.want) << dtype_name(r.a) << " + " << dtype_name(r.b);
+    }
     EXPECT_EQ(ops::compare(OpId::lt, a, b).dtype(), DType::Bool);
   }
   // The F32 0-dim value is rounded to f16 once, as PyTorch's kernels read it in the common dtype.

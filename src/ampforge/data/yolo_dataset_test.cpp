@@ -422,11 +422,14 @@ TEST(YoloMosaic, ScaledAndFlippedBoxesStayInsideAndCoverTheirPixels) {
           const double px = static_cast<double>(u) + 0.5, py = static_cast<double>(v) + 0.5;
           if (val > 0.999f) ++white, white_boxed += inside(px, py, 0.5);
           for (const auto& b : bx) {
-            if (px >= b[0] + 1 && px <= b[2] - 1 && py >= b[1] + 1 && py <= b[3] - 1)
+            if (px >= b[0] + 1 && px <= b[2] - 1 && py >= b[1] + 1 && py <= b[3] - 1) {
               EXPECT_GT(val, 0.999f) << "inside a box at " << u << "," << v;
+            }
             const bool ring = px > b[0] - 2.5 && px < b[2] + 2.5 && py > b[1] - 2.5 && py < b[3] + 2.5 &&
                               !(px > b[0] - 1.5 && px < b[2] + 1.5 && py > b[1] - 1.5 && py < b[3] + 1.5);
-            if (ring && !inside(px, py, 1.5)) EXPECT_LT(val, 0.5f) << "around a box at " << u << "," << v;
+            if (ring && !inside(px, py, 1.5)) {
+              EXPECT_LT(val, 0.5f) << "around a box at " << u << "," << v;
+            }
           }
         }
     }

@@ -75,7 +75,9 @@ TEST(BlasKernels, ActiveKernelsAreAsStrongAsTheCpuAllows) {
   }
   const bool asked = (user && *user && k.source == BlasKernels::Source::UserEnv) ||
                      (keep && std::string(keep) == "keep") || k.source == BlasKernels::Source::Unavailable;
-  if (!asked) EXPECT_FALSE(k.below_cpu()) << k.core << " runs on a CPU that allows " << k.cpu_best << ": " << k.note;
+  if (!asked) {
+    EXPECT_FALSE(k.below_cpu()) << k.core << " runs on a CPU that allows " << k.cpu_best << ": " << k.note;
+  }
 }
 
 }  // namespace

@@ -154,9 +154,10 @@ TEST(OneDnnConv, MatchesIm2colF32AndBF16) {
           EXPECT_EQ(n_ref, 0) << what;
           // Channels-last activations run on oneDNN's direct kernels; for plain NCHW ones oneDNN 2.6 offers its
           // gemm-based kernels, which conv_onednn.cpp declines (slower than im2col): those may run on im2col.
-          if (mf == kNHWC)
+          if (mf == kNHWC) {
             EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined (last implementation: '" << cpu::onednn_last_impl()
                                 << "')";
+          }
           EXPECT_TRUE(got.y.is_contiguous(of)) << what;
           expect_close(got.y, ref.y, what + " forward");
           expect_close(got.gx, ref.gx, what + " grad_input");
@@ -188,7 +189,9 @@ TEST(OneDnnConv, WideChannelsOnTinyImagesAsResNet50Ends) {
       int64_t n_ref = 0, n_dnn = 0;
       const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, c.a, &n_ref);
       const ConvRun got = run_on("onednn", x, w, Tensor(), gy, c.a, &n_dnn);
-      if (mf == kNHWC) EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined";
+      if (mf == kNHWC) {
+        EXPECT_EQ(n_dnn, 3) << what << ": oneDNN declined";
+      }
       // Reduction lengths: C kH kW terms per output, Co kH kW per input gradient, N oH oW per weight gradient.
       auto depth = [](int64_t terms) { return std::max(1.0, static_cast<double>(terms) / 300.0); };
       expect_close(got.y, ref.y, what + " forward", depth(c.C / c.a.groups * c.KH * c.KW));
@@ -254,7 +257,9 @@ TEST(OneDnnConv, WinogradWhereItPaysWithinTheF32Table) {
     {
       ScopedEnv direct("AMPFORGE_CPU_CONV_ALGO", "direct");
       ops::conv2d(x, w, Tensor(), a);
-      if (mf == kNHWC) EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+      if (mf == kNHWC) {
+        EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+      }
     }
   }
   // Below the rule's bounds (32 channels; 8x8 outputs) the direct kernels run.

@@ -456,7 +456,9 @@ TEST(SyncBatchNorm, OneOrIdenticalReplicasMatchBatchNorm) {
                                           })
                         : batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5);
         y.backward(g);
-        if (sync) EXPECT_EQ(calls, 3) << "two reductions forward, one backward";
+        if (sync) {
+          EXPECT_EQ(calls, 3) << "two reductions forward, one backward";
+        }
         grads = {y.detach(), x.grad(), w.grad(), b.grad()};
       };
       Tensor rm1, rv1, rm2, rv2;
