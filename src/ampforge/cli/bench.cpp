@@ -64,6 +64,7 @@ struct BenchFlags {
   bool max_batch = false;
   bool recompute = false;
   bool profile = false;
+  int rounds = 1;  // --rounds
   int64_t image_size = 0, seq_len = 0;
   int warmup = -1, steps = -1, threads = 0;
   bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
@@ -330,52 +331,87 @@ int run_bench(const BenchFlags& f) {
       row.model = m;
       row.precision = p;
       row.batch = sz.batch;
-      std::fprintf(stderr, "bench [%d/%d] %s %s batch %lld: ampforge ...", cell, total_cells, m.c_str(), p.c_str(),
-                   static_cast<long long>(sz.batch));
-      std::fflush(stderr);
-      try {
-        train::WorkloadOptions wo;
-        wo.batch = sz.batch;
-        if (seq) wo.seq_len = sz.size > 0 ? sz.size : wo.seq_len;
-        else wo.image_size = sz.size;
-        wo.device = dev;
-        wo.channels_last = !f.nchw;
-        train::Workload w = train::make_workload(m, wo);
-        row.input = w.input;
-        train::BenchmarkOptions bo;
-        bo.precision = train::bench_precision_from_string(p);
-        bo.warmup = rep.warmup;
-        bo.steps = rep.steps;
-        bo.optimizer = f.optimizer;
-        bo.cuda_graphs = f.cuda_graphs;
-        bo.recompute = f.recompute;
-        bo.profile = f.profile;
-        bo.on_step = [](int done, int all) {
-          std::fprintf(stderr, " %d/%d", done, all);
-          std::fflush(stderr);
-        };
-        const train::BenchmarkResult r = train::benchmark_training(w, bo);
-        row.ours.ok = true;
-        row.ours.samples_per_sec = r.samples_per_sec;
-        row.ours.mean_samples_per_sec = r.mean_samples_per_sec;
-        row.ours.median_seconds = r.median_seconds;
-        row.ours.step_seconds = r.step_seconds;
-        row.ours.peak_allocated_bytes = r.peak_allocated_bytes;
-        row.ours.peak_reserved_bytes = r.peak_reserved_bytes;
-        row.ours.parameters = r.parameters;
-        row.ours.last_loss = r.last_loss;
-        row.ours.timer = r.timer;
-        row.ours.memory_format = f.nchw ? "nchw" : "channels_last";
-        if (r.profile) {
-          const profiler::Report pr = profiler::compute_report(*r.profile);
-          row.ours.profile = profiler::report_to_json(pr, 50);
-          profile_text += fmt::format("\n{} {} batch {}, one profiled step (not timed):\n{}", m, p, sz.batch,
-                                      profiler::format_report(pr));
+      // --rounds N: N alternating (ampforge, peer) measurements; the row keeps the round whose ratio is the median
+      // (the lower one of the middle two for even N), every round's ratio goes to round_ratios.
+      std::vector<std::pair<BenchSide, std::optional<BenchSide>>> rounds;
+      for (int round = 0; round < f.rounds; ++round) {
+        if (round > 0) std::fprintf(stderr, "\n");
+        row.ours = BenchSide{};
+        row.peer.reset();
+        std::fprintf(stderr, "bench [%d/%d] %s %s batch %lld%s: ampforge ...", cell, total_cells, m.c_str(), p.c_str(),
+                     static_cast<long long>(sz.batch),
+                     f.rounds > 1 ? fmt::format(" (round {}/{})", round + 1, f.rounds).c_str() : "");
+        std::fflush(stderr);
+        try {
+          train::WorkloadOptions wo;
+          wo.batch = sz.batch;
+          if (seq) wo.seq_len = sz.size > 0 ? sz.size : wo.seq_len;
+          else wo.image_size = sz.size;
+          wo.device = dev;
+          wo.channels_last = !f.nchw;
+          train::Workload w = train::make_workload(m, wo);
+          row.input = w.input;
+          train::BenchmarkOptions bo;
+          bo.precision = train::bench_precision_from_string(p);
+          bo.warmup = rep.warmup;
+          bo.steps = rep.steps;
+          bo.optimizer = f.optimizer;
+          bo.cuda_graphs = f.cuda_graphs;
+          bo.recompute = f.recompute;
+          bo.profile = f.profile && round == 0;
+          bo.on_step = [](int done, int all) {
+            std::fprintf(stderr, " %d/%d", done, all);
+            std::fflush(stderr);
+          };
+          const train::BenchmarkResult r = train::benchmark_training(w, bo);
+          row.ours.ok = true;
+          row.ours.samples_per_sec = r.samples_per_sec;
+          row.ours.mean_samples_per_sec = r.mean_samples_per_sec;
+          row.ours.median_seconds = r.median_seconds;
+          row.ours.step_seconds = r.step_seconds;
+          row.ours.peak_allocated_bytes = r.peak_allocated_bytes;
+          row.ours.peak_reserved_bytes = r.peak_reserved_bytes;
+          row.ours.parameters = r.parameters;
+          row.ours.last_loss = r.last_loss;
+          row.ours.timer = r.timer;
+          row.ours.memory_format = f.nchw ? "nchw" : "channels_last";
+          if (r.profile) {
+            const profiler::Report pr = profiler::compute_report(*r.profile);
+            row.ours.profile = profiler::report_to_json(pr, 50);
+            profile_text += fmt::format("\n{} {} batch {}, one profiled step (not timed):\n{}", m, p, sz.batch,
+                                        profiler::format_report(pr));
+          }
+          std::fprintf(stderr, " %.1f samples/s", r.samples_per_sec);
+        } catch (const Error& e) {
+          row.ours.error = e.what();
+          std::fprintf(stderr, " failed");
         }
-        std::fprintf(stderr, " %.1f samples/s", r.samples_per_sec);
-      } catch (const Error& e) {
-        row.ours.error = e.what();
-        std::fprintf(stderr, " failed");
+        if (!peer_python.empty()) {
+          std::fprintf(stderr, "; PyTorch ...");
+          std::fflush(stderr);
+          row.peer = peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
+                               &rep.device_name);
+          std::fprintf(stderr, row.peer->ok ? " %.1f samples/s" : " failed", row.peer->samples_per_sec);
+        }
+        rounds.emplace_back(row.ours, row.peer);
+      }
+      if (f.rounds > 1) {
+        std::vector<std::pair<double, size_t>> by_ratio;
+        for (size_t k = 0; k < rounds.size(); ++k) {
+          const auto& [o, pr] = rounds[k];
+          if (o.ok && pr && pr->ok && pr->samples_per_sec > 0) {
+            const double r = o.samples_per_sec / pr->samples_per_sec;
+            row.round_ratios.push_back(r);
+            by_ratio.emplace_back(r, k);
+          }
+        }
+        if (!by_ratio.empty()) {
+          std::sort(by_ratio.begin(), by_ratio.end());
+          const size_t pick = by_ratio[(by_ratio.size() - 1) / 2].second;
+          row.ours = rounds[pick].first;
+          row.peer = rounds[pick].second;
+          row.ours.profile = rounds[0].first.profile;  // --profile: round 0's step
+        }
       }
       if (row.input.empty())
         row.input = seq ? fmt::format("seq {}", sz.size) : sz.size > 0 ? fmt::format("{0}x{0}", sz.size) : "default";
@@ -387,13 +423,6 @@ int run_bench(const BenchFlags& f) {
           std::fprintf(stderr, " %lld", static_cast<long long>(row.max_batch->batch));
         else
           std::fprintf(stderr, " failed");
-      }
-      if (!peer_python.empty()) {
-        std::fprintf(stderr, "; PyTorch ...");
-        std::fflush(stderr);
-        row.peer = peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
-                             &rep.device_name);
-        std::fprintf(stderr, row.peer->ok ? " %.1f samples/s" : " failed", row.peer->samples_per_sec);
       }
       std::fprintf(stderr, "\n");
       rep.rows.push_back(std::move(row));
@@ -429,6 +458,11 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--batch", f->batches, "Per-model batch sizes: MODEL=N[,MODEL=N...] (default: see --full)");
   sub->add_option("--image-size", f->image_size, "Square image size for image models (default: per model)");
   sub->add_option("--seq-len", f->seq_len, "Sequence length for sequence models (default: per model)");
+  sub->add_option("--rounds", f->rounds,
+                  "Measure each cell N times, ampforge and the peer alternating, and keep the round with the median "
+                  "ratio (for machines whose speed drifts; every round's ratio is listed)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   sub->add_option("--warmup", f->warmup, "Untimed steps first (default: CPU 1, CUDA 5)");
   sub->add_option("--steps", f->steps, "Timed steps (default: CPU 3, CUDA 20)");
   sub->add_option("--threads", f->threads, "CPU threads for ampforge and the peer (default: all cores)");

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -145,6 +146,45 @@ TEST(BenchCli, PeerCellsRatiosAndPeerFailuresAreShown) {
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("PyTorch: fake peer: no float16 here"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("PyTorch 9.9.9-fake"), std::string::npos) << t.out;
+}
+
+// --rounds N: N alternating measurements per cell; every round's ratio is listed and the row is the median
+// round's (its ratio is ours / peer of one and the same round). The stand-in peer answers 16, 4 and 64 samples/s
+// in turn, so the three ratios are far apart whatever ampforge's own speed does.
+TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
+  const fs::path py = tmp("fake_python_rounds"), count = tmp("peer_calls");
+  fs::remove(count);
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\n"
+         "if [ \"$1\" = \"-c\" ]; then echo 9.9.9-fake; exit 0; fi\n"
+         "n=$(cat " << count.string() << " 2>/dev/null || echo 0); n=$((n + 1)); echo $n > " << count.string() << "\n"
+         "case $n in 1) r=16.0;; 2) r=4.0;; *) r=64.0;; esac\n"
+         "echo \"{\\\"torch\\\": \\\"9.9.9-fake\\\", \\\"results\\\": {\\\"nchw\\\": {\\\"seconds\\\": [0.5], "
+         "\\\"median\\\": 0.5, \\\"mean\\\": 0.5, \\\"samples_per_sec\\\": $r, \\\"parameters\\\": 421738, "
+         "\\\"last_loss\\\": 2.3}}, \\\"best\\\": \\\"nchw\\\"}\"\n";
+  }
+  ::chmod(py.c_str(), 0755);
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                                   "--rounds 3 --json --peer " + py.string(), false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 1u);
+  const auto& row = j["rows"][0];
+  ASSERT_EQ(row["round_ratios"].size(), 3u) << row;
+  std::vector<double> ratios = row["round_ratios"].get<std::vector<double>>();
+  std::sort(ratios.begin(), ratios.end());
+  EXPECT_NEAR(row["ratio"].get<double>(), ratios[1], 1e-9) << row;
+  EXPECT_NEAR(row["ratio"].get<double>(),
+              row["ampforge"]["samples_per_sec"].get<double>() / row["peer"]["samples_per_sec"].get<double>(), 1e-9);
+  EXPECT_EQ(slurp(count), "3\n") << "one peer run per round";
+  fs::remove(count);
+  const CmdResult t = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                                   "--rounds 2 --peer " + py.string(), false);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("rounds (ampforge and PyTorch alternating"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("  cnn fp32: "), std::string::npos) << t.out;
+  EXPECT_EQ(run_ampforge("bench --models cnn --rounds 0 --peer none", false).code, 2);
 }
 
 TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {

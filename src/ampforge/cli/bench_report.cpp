@@ -152,6 +152,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
       jr["max_batch"] = {{"batch", row.max_batch->batch}, {"limited", row.max_batch->limited},
                          {"seconds", row.max_batch->seconds}};
     jr["ratio"] = opt_json(row.ratio);
+    if (!row.round_ratios.empty()) jr["round_ratios"] = row.round_ratios;
     if (const auto ref = brief_reference(row.model))
       jr["reference"] = {{"fp32", ref->fp32}, {"fp16", ref->fp16}, {"what", ref->label}, {"source", kBriefEnvironment}};
     else
@@ -195,6 +196,15 @@ std::string bench_table(const BenchReport& r) {
       notes = true;
       s += fmt::format("  {} {} max batch: {}\n", row.model, row.precision, row.max_batch->error);
     }
+  }
+  bool rounds_title = false;
+  for (const BenchRow& row : r.rows) {
+    if (row.round_ratios.empty()) continue;
+    if (!rounds_title) s += "\nrounds (ampforge and PyTorch alternating; the row shows the median round):\n";
+    rounds_title = true;
+    std::string list;
+    for (double r : row.round_ratios) list += fmt::format("{}{:.2f}x", list.empty() ? "" : " ", r);
+    s += fmt::format("  {} {}: {}\n", row.model, row.precision, list);
   }
   s += "\nratio = ampforge / PyTorch samples/s (> 1: ampforge is faster); brief4080 = ";
   s += kBriefEnvironment;

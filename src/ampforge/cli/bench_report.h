@@ -54,6 +54,7 @@ struct BenchRow {
   // ours / our fp32 row of the same model, as a gain in percent; nullopt without both.
   std::optional<double> gain_vs_fp32_percent;
   std::optional<double> ratio;  // ours / peer samples/s
+  std::vector<double> round_ratios;  // --rounds N > 1: each round's ratio, in measurement order
 };
 
 struct BenchReport {
