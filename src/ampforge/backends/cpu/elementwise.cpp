@@ -230,7 +230,7 @@ void transpose_tiles(const ElementwiseIter& it, int t) {
       const int64_t r0 = rt * kTile, r1 = std::min(rows, r0 + kTile);
       const int64_t c0 = ct * kTile, c1 = std::min(cols, c0 + kTile);
       // Through an L1 tile, every pass with a unit stride: a strided inner loop is vectorised into
-      // scatters or gathers, which are slow (8x slower than this on AMD Zen 5).
+      // scatters or gathers, which are slow (6x slower than this on AMD Zen 5: 1.80 vs 0.31 ms for (2,80,8400)).
       alignas(64) T buf[kTile][kTile];
       const int64_t nr = r1 - r0, nc = c1 - c0;
       for (int64_t c = 0; c < nc; ++c) {
@@ -278,7 +278,7 @@ void copy_kernel(const KernelArgs& a) {
         std::memcpy(p[0], p[1], static_cast<size_t>(n * es));
         return;
       }
-      switch (es) {  // typed moves: a memcpy call per element cost ~5x (transposes, broadcasts, gathers)
+      switch (es) {  // typed moves, not a memcpy call per element (strided views, broadcasts)
         case 1: copy_run_strided<uint8_t>(p, bs, n); break;
         case 2: copy_run_strided<uint16_t>(p, bs, n); break;
         case 4: copy_run_strided<uint32_t>(p, bs, n); break;
