@@ -13,6 +13,7 @@
 // All arithmetic on 16-bit inputs runs in float; row statistics (sums of exp, losses) in double.
 // Reductions to a scalar add fixed blocks of rows in block order: the same bits for any thread count.
 // A target outside [0, C) that is not ignore_index raises InvalidArgument before anything is written.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -99,6 +100,106 @@ inline A row_max(const A* x, int64_t n) {
 
 // ---- softmax -------------------------------------------------------------------------------------
 
+// softmax over a dim that is not the last (st = inner > 1: YOLOv8's DFL, (B, 16, 4, A) over the 16 bins): blocks
+// of up to 256 neighbouring rows, which are contiguous in memory along `inner`, go through an L1 tile [D][cols]
+// so every pass runs along contiguous memory and exp gets one call per tile (a row at a time gathered D strided
+// values and called exp on D of them). Per element the same operations in the same order as the row path (max,
+// exp(x - m) by vmath, the sum over j = 0..D-1 in double, 1 / sum in double or vmath's log of the sum rounded to
+// the compute type): the same bits.
+constexpr int64_t kColumnTile = 4096;  // elements of a tile (two tiles: 32 KiB of floats)
+
+template <bool kLog, class S, class A>
+void softmax_columns(const S* xp, S* yp, const RowSpace& rs) {
+  const int64_t D = rs.D, inner = rs.inner;
+  const int64_t cols_max = std::clamp<int64_t>(kColumnTile / std::max<int64_t>(D, 1), 1, 256);
+  const int64_t col_blocks = (inner + cols_max - 1) / cols_max;
+  parallel_for(rs.outer * col_blocks, std::max<int64_t>(1, kRowsGrainElems / (D * cols_max)), [&](int64_t t0, int64_t t1) {
+    std::vector<A> xm(static_cast<size_t>(D * cols_max)), e(static_cast<size_t>(D * cols_max));
+    std::vector<A> m(static_cast<size_t>(cols_max));
+    std::vector<double> sum(static_cast<size_t>(cols_max));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t o = t / col_blocks, i0 = (t % col_blocks) * cols_max;
+      const int64_t nc = std::min(cols_max, inner - i0);
+      const int64_t base = o * D * inner + i0;
+      for (int64_t j = 0; j < D; ++j) load_n<S, A>(xp + base + j * inner, xm.data() + j * nc, nc);
+      // max per column; a NaN anywhere in a column makes it NaN (as row_max).
+      std::fill(m.begin(), m.begin() + nc, -std::numeric_limits<A>::infinity());
+      for (int64_t j = 0; j < D; ++j) {
+        const A* xr = xm.data() + j * nc;
+        for (int64_t i = 0; i < nc; ++i) m[i] = (xr[i] > m[i] || xr[i] != xr[i]) && m[i] == m[i] ? xr[i] : m[i];
+      }
+      for (int64_t j = 0; j < D; ++j) {
+        A* xr = xm.data() + j * nc;
+        for (int64_t i = 0; i < nc; ++i) xr[i] = xr[i] - m[i];
+      }
+      vmath::exp(xm.data(), e.data(), D * nc);
+      std::fill(sum.begin(), sum.begin() + nc, 0.0);
+      for (int64_t j = 0; j < D; ++j) {
+        const A* er = e.data() + j * nc;
+        for (int64_t i = 0; i < nc; ++i) sum[i] += static_cast<double>(er[i]);
+      }
+      if constexpr (kLog) {
+        for (int64_t i = 0; i < nc; ++i) m[i] = static_cast<A>(sum[i]);  // m is free now: the log of each sum
+        vmath::log(m.data(), m.data(), nc);
+      }
+      for (int64_t j = 0; j < D; ++j) {
+        A* out = e.data() + j * nc;
+        const A* xr = xm.data() + j * nc;
+        if constexpr (kLog) {
+          for (int64_t i = 0; i < nc; ++i) out[i] = xr[i] - m[i];
+        } else {
+          for (int64_t i = 0; i < nc; ++i) out[i] *= static_cast<A>(1.0 / sum[i]);
+        }
+        store_n<S, A>(out, yp + base + j * inner, nc);
+      }
+    }
+  });
+}
+
+// softmax over short contiguous rows (D <= 64: YOLOv8's DFL loss, 16 bins per side): blocks of rows share one
+// exp call (a row at a time cost a call and its setup per 16 values). Per element the same operations in the
+// same order as the row path: the same bits.
+template <bool kLog, class S, class A>
+void softmax_short_rows(const S* xp, S* yp, const RowSpace& rs) {
+  const int64_t D = rs.D, R = rs.rows();
+  const int64_t rows_max = std::max<int64_t>(1, kColumnTile / D);
+  const int64_t blocks = (R + rows_max - 1) / rows_max;
+  parallel_for(blocks, std::max<int64_t>(1, kRowsGrainElems / (D * rows_max)), [&](int64_t b0, int64_t b1) {
+    std::vector<A> xm(static_cast<size_t>(D * rows_max)), e(static_cast<size_t>(D * rows_max));
+    std::vector<A> ls(static_cast<size_t>(rows_max));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * rows_max, nr = std::min(rows_max, R - r0);
+      load_n<S, A>(xp + r0 * D, xm.data(), nr * D);
+      for (int64_t r = 0; r < nr; ++r) {
+        A* xr = xm.data() + r * D;
+        const A m = row_max(xr, D);
+        for (int64_t j = 0; j < D; ++j) xr[j] = xr[j] - m;
+      }
+      vmath::exp(xm.data(), e.data(), nr * D);
+      for (int64_t r = 0; r < nr; ++r) {
+        A* er = e.data() + r * D;
+        double sum = 0;
+        for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(er[j]);
+        if constexpr (kLog) {
+          ls[static_cast<size_t>(r)] = static_cast<A>(sum);
+        } else {
+          const A inv = static_cast<A>(1.0 / sum);
+          for (int64_t j = 0; j < D; ++j) er[j] *= inv;
+        }
+      }
+      if constexpr (kLog) {
+        vmath::log(ls.data(), ls.data(), nr);  // one call for the block: a scalar log per row cost ~1 ms per YOLOv8n step
+        for (int64_t r = 0; r < nr; ++r) {
+          A* er = e.data() + r * D;
+          const A* xr = xm.data() + r * D;
+          for (int64_t j = 0; j < D; ++j) er[j] = xr[j] - ls[static_cast<size_t>(r)];
+        }
+      }
+      store_n<S, A>(e.data(), yp + r0 * D, nr * D);
+    }
+  });
+}
+
 template <bool kLog>
 void softmax_kernel(const KernelArgs& a) {
   const Tensor &x = a.in(0), &y = a.out(0);
@@ -109,6 +210,14 @@ void softmax_kernel(const KernelArgs& a) {
     const S* xp = static_cast<const S*>(x.data_ptr());
     S* yp = static_cast<S*>(y.data_ptr());
     const int64_t D = rs.D, st = rs.inner;
+    if (st > 1 && D <= kColumnTile / 8) {
+      softmax_columns<kLog, S, A>(xp, yp, rs);
+      return;
+    }
+    if (st == 1 && D <= 64) {
+      softmax_short_rows<kLog, S, A>(xp, yp, rs);
+      return;
+    }
     parallel_for(rs.rows(), std::max<int64_t>(1, kRowsGrainElems / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
       std::vector<A> xbuf(static_cast<size_t>(D)), obuf(static_cast<size_t>(D));
       for (int64_t r = r0; r < r1; ++r) {
@@ -122,7 +231,8 @@ void softmax_kernel(const KernelArgs& a) {
         vmath::exp(o, o, D);
         for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(o[j]);
         if constexpr (kLog) {
-          const A ls = static_cast<A>(std::log(sum));
+          A ls = static_cast<A>(sum);
+          vmath::log(&ls, &ls, 1);  // log of the sum rounded to A: the tiled paths take it 16 rows at a time
           for (int64_t j = 0; j < D; ++j) o[j] = (xr[j] - m) - ls;
         } else {
           const A inv = static_cast<A>(1.0 / sum);

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ampforge/backends/cpu/gradcheck_testutil.h"
+#include "ampforge/backends/cpu/vec_math.h"
 
 using namespace ampforge;
 using namespace ampforge::testutil;
@@ -249,4 +251,72 @@ TEST(BceWithLogits, ShapeMismatchIsAnError) {
   const std::string m = error_message([] { ops::bce_with_logits(ops::zeros({2, 3}), ops::zeros({3, 2}), Reduction::Mean); });
   EXPECT_NE(m.find("binary_cross_entropy_with_logits"), std::string::npos) << m;
   EXPECT_NE(m.find("[3, 2]"), std::string::npos) << m;
+}
+
+// softmax / log_softmax over a dim that is not the last run through column tiles, over short last-dim rows
+// through blocks of rows (softmax.cpp); each element must get the bits of the plain row-at-a-time formula
+// (max, exp(x - m) by vmath, the sum in double, 1 / sum in double or vmath's log of the sum), computed here for a (3, D, 300) input
+// over dim 1 and over dim 2 of its transpose, with -inf, a whole -inf row, NaN and large values mixed in, for D
+// from 1 to past the tiles' limits, F32 and BF16, and any thread count.
+namespace {
+std::vector<float> reference_softmax(const std::vector<float>& x, int64_t rows, int64_t D, bool log) {
+  std::vector<float> out(x.size());
+  std::vector<float> o(static_cast<size_t>(D));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x.data() + r * D;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < D; ++j) m = xr[j] > m ? xr[j] : m;
+    for (int64_t j = 0; j < D; ++j)
+      if (xr[j] != xr[j]) m = xr[j];
+    for (int64_t j = 0; j < D; ++j) o[j] = xr[j] - m;
+    cpu::vmath::exp(o.data(), o.data(), D);
+    double sum = 0;
+    for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(o[j]);
+    float ls = static_cast<float>(sum);
+    cpu::vmath::log(&ls, &ls, 1);
+    for (int64_t j = 0; j < D; ++j)
+      out[r * D + j] = log ? (xr[j] - m) - ls : o[j] * static_cast<float>(1.0 / sum);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(Softmax, TiledPathsGiveTheRowFormulasBits) {
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (int64_t D : {1, 5, 16, 33, 64, 65, 700}) {
+      for (DType dt : {DType::F32, DType::BF16}) {
+        Generator gen(static_cast<uint64_t>(D * 7 + threads));
+        std::vector<float> v = ops::mul_scalar(ops::randn({3, 300, D}, DType::F32, kCPU, &gen), 8.0).tolist<float>();
+        v[5] = -std::numeric_limits<float>::infinity();
+        v[static_cast<size_t>(300 * D + 7)] = std::numeric_limits<float>::quiet_NaN();
+        v[11] = 1e30f;
+        for (int64_t j = 0; j < D; ++j) v[static_cast<size_t>(2 * 300 * D + 42 * D + j)] = -std::numeric_limits<float>::infinity();
+        const Tensor rows = ops::to_dtype(Tensor::from_vector(v, {3, 300, D}), dt);  // (3, 300, D): rows along D
+        const std::vector<float> rv = ops::to_dtype(rows, DType::F32).tolist<float>();
+        const Tensor cols = ops::contiguous(rows.transpose(1, 2));                    // (3, D, 300): over dim 1
+        for (bool log : {false, true}) {
+          const std::vector<float> want =
+              ops::to_dtype(ops::to_dtype(Tensor::from_vector(reference_softmax(rv, 900, D, log), {3, 300, D}), dt),
+                            DType::F32).tolist<float>();
+          const Tensor a = log ? ops::log_softmax(rows, 2) : ops::softmax(rows, 2);
+          const Tensor b = ops::contiguous((log ? ops::log_softmax(cols, 1) : ops::softmax(cols, 1)).transpose(1, 2));
+          for (const auto& [got_t, path] : {std::pair{a, "last dim"}, std::pair{b, "dim 1"}}) {
+            const std::vector<float> got = ops::to_dtype(got_t, DType::F32).tolist<float>();
+            ASSERT_EQ(got.size(), want.size());
+            for (size_t i = 0; i < got.size(); ++i) {
+              if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+              uint32_t gb, wb;
+              std::memcpy(&gb, &got[i], 4);
+              std::memcpy(&wb, &want[i], 4);
+              ASSERT_EQ(gb, wb) << (log ? "log_softmax" : "softmax") << " over " << path << ", D " << D << " "
+                                << dtype_name(dt) << ", threads " << threads << ", at " << i << ": " << got[i]
+                                << " vs " << want[i];
+            }
+          }
+        }
+      }
+    }
+  }
+  set_num_threads(2);
 }
