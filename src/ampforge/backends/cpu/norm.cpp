@@ -150,20 +150,13 @@ struct PlainLoad {
   const A* operator()(int64_t off, int64_t n, int64_t, A* buf) const { return as_compute<S, A>(p + off, buf, n); }
 };
 
-// sigmoid(z) = 1 / (1 + exp(-z)) over n values, as the silu kernels compute it (backends/cpu/elementwise.cpp),
-// so a fused activation gives the values of the separate ops.
-template <class A>
-inline void sigmoid_n(A* s, const A* z, int64_t n) {
-  vmath::sigmoid(z, s, n);
-}
-
 // y = act(y) in place over n values; t is scratch of n.
 template <NormAct kAct, class A>
 inline void act_n(A* y, A* t, int64_t n) {
   if constexpr (kAct == NormAct::ReLU) {
     for (int64_t i = 0; i < n; ++i) y[i] = y[i] > A(0) ? y[i] : A(0);
   } else if constexpr (kAct == NormAct::SiLU) {
-    sigmoid_n(t, y, n);
+    vmath::sigmoid(y, t, n);  // as the silu kernels (elementwise.cpp): fused and separate ops agree
     for (int64_t i = 0; i < n; ++i) y[i] = y[i] * t[i];
   }
 }
@@ -216,7 +209,7 @@ struct ActGradLoad {
       for (int64_t i = 0; i < n; ++i) z[i] = xv[i] * sc + sh;
     }
     A* s = xs.data();  // SiLU; x is no longer needed (when xv aliases x's memory, xs is unused scratch anyway)
-    sigmoid_n(s, z, n);
+    vmath::sigmoid(z, s, n);
     for (int64_t i = 0; i < n; ++i) buf[i] = gv[i] * s[i] * (A(1) + z[i] * (A(1) - s[i]));
     return buf;
   }

@@ -3,7 +3,7 @@
 // With AVX2 at compile time and SLEEF present (Debian's libsleef-dev; the vectorised libm that PyTorch's
 // CPU kernels use too), each call evaluates 8 floats with SLEEF's 1.0-ULP AVX2 functions (16 with its AVX-512
 // ones when the build targets AVX-512); glibc's scalar
-// erff/tanhf are 5-10x slower per element. Arrays go in groups of 8 and the last partial group is padded,
+// erff/tanhf are 5-10x slower per element. Arrays go in groups of 8 (16) and the last partial group is padded,
 // so an element's result never depends on where a chunk or thread boundary falls: kernels built on these
 // stay bit-identical for any thread count. Without AVX2 or SLEEF the same functions loop over std::
 // scalars (also thread-count invariant). x and y may be the same array.
