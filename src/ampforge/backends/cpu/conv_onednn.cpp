@@ -42,8 +42,9 @@
 // them to sleep for the duration.
 //
 // Memory: primitives are created with scratchpad_mode::user, so the scratch they need (e.g. the F32
-// partial weight gradients of BF16 convolutions) and the reordered weights are buffers of this file, taken
-// from the heap for the call, as im2col's column buffers are (conv.cpp): a CPU kernel's transient scratch
+// partial weight gradients of BF16 convolutions) and the reordered weights are buffers of this file, kept per
+// calling thread and reused from call to call (slot_buffer), outside the caching allocator as im2col's
+// column buffers are (conv.cpp): a CPU kernel's transient scratch
 // stays outside the caching allocator, which is what the meta device's CPU stand-in models (no kernel
 // scratch on the CPU), so `memory fit --device meta` keeps equalling a CPU step.
 #include "ampforge/backends/cpu/conv_onednn.h"
@@ -109,6 +110,11 @@ CpuConvAlgo cpu_conv_algo() {
 }
 
 int64_t onednn_conv_executions() { return g_executions.load(std::memory_order_relaxed); }
+
+#ifndef AMPFORGE_HAVE_ONEDNN
+int64_t onednn_scratch_bytes() { return 0; }
+int64_t onednn_scratch_grows() { return 0; }
+#endif
 
 std::string onednn_last_impl() {
   std::lock_guard<std::mutex> lk(g_last_impl_mutex);
@@ -356,13 +362,40 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
   return prim;
 }
 
-// A heap buffer for one call, aligned for AVX-512 loads; null when bytes == 0.
+// The transient buffers of a call (scratchpad, reordered weights, blocked activations), kept per calling thread
+// and reused: each slot grows to the largest request it has seen and is never shrunk. Taking them from the heap
+// per call cost a sixth of a ResNet-50 step: buffers this size (up to tens of MB) are mmap'ed by glibc, so every
+// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32: 792 -> 654 ms per step, 285k ->
+// 68k page faults per run; YOLOv8n b2 640: 226 -> 179 ms; docs/PERFORMANCE.md). What a thread keeps is bounded by
+// the largest convolution it ran (ResNet-50 b8: the sizes onednn_scratch_bytes() reports).
+enum Slot { kScratch, kWeights, kImage, kOut, kSlots };
 struct FreeAligned {
   void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
 };
 using Buffer = std::unique_ptr<void, FreeAligned>;
-Buffer buffer(size_t bytes) {
-  return Buffer(bytes ? ::operator new[](bytes, std::align_val_t{64}) : nullptr);
+std::atomic<int64_t> g_scratch_bytes{0}, g_scratch_grows{0};
+
+struct Slots {
+  Buffer buf[kSlots];
+  size_t cap[kSlots] = {};
+  ~Slots() {
+    for (size_t c : cap) g_scratch_bytes.fetch_sub(static_cast<int64_t>(c), std::memory_order_relaxed);
+  }
+};
+
+// The calling thread's buffer for `slot`, at least `bytes` long and aligned for AVX-512 loads; null when
+// bytes == 0. Valid until the next call for the same slot on this thread.
+void* slot_buffer(Slot slot, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  thread_local Slots slots;
+  if (slots.cap[slot] < bytes) {
+    slots.buf[slot].reset();  // free first: the old and the new one need not both be resident
+    slots.buf[slot] = Buffer(::operator new[](bytes, std::align_val_t{64}));
+    g_scratch_bytes.fetch_add(static_cast<int64_t>(bytes - slots.cap[slot]), std::memory_order_relaxed);
+    g_scratch_grows.fetch_add(1, std::memory_order_relaxed);
+    slots.cap[slot] = bytes;
+  }
+  return slots.buf[slot].get();
 }
 
 bool run(const Problem& p) {
@@ -378,19 +411,19 @@ bool run(const Problem& p) {
 
   dn::engine& eng = cpu_engine();
   thread_local dn::stream stream(cpu_engine());
-  const Buffer scratch = buffer(prim->scratch_md.get_size());
-  const Buffer wtmp = buffer(prim->reorder ? prim->weight_prim_md.get_size() : 0);
+  void* const scratch = slot_buffer(kScratch, prim->scratch_md.get_size());
+  void* const wtmp = slot_buffer(kWeights, prim->reorder ? prim->weight_prim_md.get_size() : 0);
   dn::memory image_user(prim->image_md, eng, p.image->data_ptr());
   dn::memory out_user(prim->out_md, eng, p.out->data_ptr());
-  const Buffer image_tmp = buffer(prim->act_reorder ? prim->image_prim_md.get_size() : 0);
-  const Buffer out_tmp = buffer(prim->act_reorder ? prim->out_prim_md.get_size() : 0);
-  dn::memory image = prim->act_reorder ? dn::memory(prim->image_prim_md, eng, image_tmp.get()) : image_user;
-  dn::memory out = prim->act_reorder ? dn::memory(prim->out_prim_md, eng, out_tmp.get()) : out_user;
+  void* const image_tmp = slot_buffer(kImage, prim->act_reorder ? prim->image_prim_md.get_size() : 0);
+  void* const out_tmp = slot_buffer(kOut, prim->act_reorder ? prim->out_prim_md.get_size() : 0);
+  dn::memory image = prim->act_reorder ? dn::memory(prim->image_prim_md, eng, image_tmp) : image_user;
+  dn::memory out = prim->act_reorder ? dn::memory(prim->out_prim_md, eng, out_tmp) : out_user;
   dn::memory wuser(prim->weight_user_md, eng, p.weight->data_ptr());
-  dn::memory wprim = prim->reorder ? dn::memory(prim->weight_prim_md, eng, wtmp.get()) : wuser;
+  dn::memory wprim = prim->reorder ? dn::memory(prim->weight_prim_md, eng, wtmp) : wuser;
 
   std::unordered_map<int, dn::memory> args;
-  if (prim->scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch_md, eng, scratch.get()));
+  if (prim->scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch_md, eng, scratch));
   switch (p.dir) {
     case Dir::Forward:
       args.insert({{DNNL_ARG_SRC, image}, {DNNL_ARG_WEIGHTS, wprim}, {DNNL_ARG_DST, out}});
@@ -423,6 +456,9 @@ bool run(const Problem& p) {
 }
 
 }  // namespace
+
+int64_t onednn_scratch_bytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
+int64_t onednn_scratch_grows() { return g_scratch_grows.load(std::memory_order_relaxed); }
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                            const Conv2dAttrs& a) {

@@ -35,6 +35,11 @@ CpuConvAlgo cpu_conv_algo();
 // oneDNN convolution primitives executed by this process so far (all three directions), for the tests
 // that check which path ran.
 int64_t onednn_conv_executions();
+// The transient buffers (scratchpad, reordered weights, blocked activations) the threads that ran oneDNN
+// convolutions keep for their next calls, in bytes, and how many times one of them was (re)allocated because a
+// call needed more: a thread's buffers grow to its largest problem and are reused after (conv_onednn.cpp).
+int64_t onednn_scratch_bytes();
+int64_t onednn_scratch_grows();
 // The oneDNN implementation that ran (or would run) the last problem handed to the functions below, e.g.
 // "brgconv:avx512_core_amx" or "jit:avx512_core"; empty before any or when none was usable.
 std::string onednn_last_impl();

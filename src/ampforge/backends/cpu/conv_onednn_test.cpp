@@ -277,3 +277,28 @@ TEST(OneDnnConv, BadAlgoEnvValueIsAnError) {
   ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
   expect_conv_error(rnd({1, 2, 4, 4}, DType::F32, kNHWC), "AMPFORGE_CPU_CONV_ALGO=fft: expected auto or direct");
 }
+
+TEST(OneDnnConv, TransientBuffersAreReusedAcrossCalls) {
+  // The Winograd problem needs all four buffers (scratchpad, blocked weights, both blocked activations). The first
+  // round of calls may grow them; repeating the same calls must take no new memory.
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "auto");
+  ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
+  Tensor x = rnd({2, 64, 16, 16}, DType::F32, kNHWC), w = rnd({64, 64, 3, 3}, DType::F32);
+  const MemoryFormat of = ops::conv2d_memory_format(x, w);
+  Tensor gy = rnd({2, 64, 16, 16}, DType::F32, of);
+  auto round = [&] {
+    ops::conv2d(x, w, Tensor(), a);
+    ops::conv2d_backward_input(gy, w, x.shape(), a, of);
+    ops::conv2d_backward_weight(gy, x, w.shape(), a);
+  };
+  round();
+  ASSERT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+  const int64_t grows = cpu::onednn_scratch_grows(), bytes = cpu::onednn_scratch_bytes();
+  // At least the two blocked activations (2 x 64 x 16 x 16 floats each) are held.
+  EXPECT_GE(bytes, 2 * 2 * 64 * 16 * 16 * 4);
+  for (int i = 0; i < 3; ++i) round();
+  EXPECT_EQ(cpu::onednn_scratch_grows(), grows);
+  EXPECT_EQ(cpu::onednn_scratch_bytes(), bytes);
+}
