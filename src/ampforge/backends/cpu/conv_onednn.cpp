@@ -27,6 +27,13 @@
 // cudnn.benchmark picks on GPUs, do. oneDNN's Winograd kernels read and write the blocked nChw16c layout
 // only, so these primitives copy the activations in (nhwc/nchw -> nChw16c) and the result out, around the
 // call (0.1-0.3 ms per copy of ResNet-50's 14x14-28x28 activations at batch 8).
+// AMPFORGE_CPU_CONV_ALGO=benchmark replaces that rule by a measurement, as cuDNN's benchmark mode does: the
+// first call of each problem times direct kernels on the tensors' layout, direct kernels on nChw16c copies and
+// Winograd, and the process keeps the fastest. Why not by default: on the 2-vCPU VMs this was written on, one
+// timing of a 0.5 ms call moves by 20-40% from run to run, so choices (and with them the rounding) changed
+// between runs while the steps measured no faster beyond that noise (YOLOv8n b2 640: oneDNN time per step 156 ->
+// 147 ms in one pair of runs); some problems gain a lot (YOLOv8n's 64->64 stride-2 3x3 weight gradient: 3.1 ms
+// on nhwc, 0.63 ms on nChw16c), others were mis-chosen on a noisy timing.
 //
 // Primitive cache: creating a primitive descriptor walks oneDNN's implementation list and JIT-compiles
 // kernels (0.1-10 ms each), against ~1 ms for a typical execution. Each problem (direction, dtype, shapes,
@@ -50,6 +57,7 @@
 #include "ampforge/backends/cpu/conv_onednn.h"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -106,7 +114,8 @@ CpuConvAlgo cpu_conv_algo() {
   const std::optional<std::string> v = env_get("AMPFORGE_CPU_CONV_ALGO");
   if (!v || v->empty() || *v == "auto") return CpuConvAlgo::Auto;
   if (*v == "direct") return CpuConvAlgo::Direct;
-  AF_THROW(InvalidArgument, "AMPFORGE_CPU_CONV_ALGO={}: expected auto or direct", *v);
+  if (*v == "benchmark") return CpuConvAlgo::Benchmark;
+  AF_THROW(InvalidArgument, "AMPFORGE_CPU_CONV_ALGO={}: expected auto, direct or benchmark", *v);
 }
 
 int64_t onednn_conv_executions() { return g_executions.load(std::memory_order_relaxed); }
@@ -114,6 +123,7 @@ int64_t onednn_conv_executions() { return g_executions.load(std::memory_order_re
 #ifndef AMPFORGE_HAVE_ONEDNN
 int64_t onednn_scratch_bytes() { return 0; }
 int64_t onednn_scratch_grows() { return 0; }
+int64_t onednn_benchmarked_problems() { return 0; }
 #endif
 
 std::string onednn_last_impl() {
@@ -144,6 +154,10 @@ dn::engine& cpu_engine() {
 
 enum class Dir : int64_t { Forward, BackwardInput, BackwardWeight };
 
+// How a problem runs: direct kernels on the tensors' own layout, direct kernels on activations copied to and
+// from the blocked nChw16c layout, or Winograd kernels (nChw16c only).
+enum class Variant : int64_t { Direct, Blocked, Winograd };
+
 // An activation tensor's layout as oneDNN sees it: channels-last (or both, through size-1 dims) -> nhwc.
 tag image_tag(const Tensor& t) {
   if (t.is_contiguous(MemoryFormat::ChannelsLast)) return tag::nhwc;
@@ -172,10 +186,11 @@ struct Problem {
   const Tensor* bias;    // forward only; may be null
   const Conv2dAttrs* a;
   int threads;
-  bool winograd;  // try Winograd first (winograd_fits and the algorithm setting allow it)
+  Variant variant;  // Winograd: falls back to Direct where oneDNN has no Winograd kernel for the problem
 
-  std::vector<int64_t> key() const {
-    std::vector<int64_t> k{static_cast<int64_t>(dir), static_cast<int64_t>(dtype), threads, winograd};
+  // Everything but the variant: the key of a benchmark-mode choice.
+  std::vector<int64_t> problem_key() const {
+    std::vector<int64_t> k{static_cast<int64_t>(dir), static_cast<int64_t>(dtype), threads};
     for (const Tensor* t : {image, out, weight}) k.insert(k.end(), t->shape().begin(), t->shape().end());
     k.insert(k.end(), weight->strides().begin(), weight->strides().end());
     k.push_back(image_tag(*image) == tag::nhwc);
@@ -185,17 +200,32 @@ struct Problem {
     k.push_back(a->groups);
     return k;
   }
+  std::vector<int64_t> key() const {
+    std::vector<int64_t> k = problem_key();
+    k.push_back(static_cast<int64_t>(variant));
+    return k;
+  }
 };
 
-// Where the Winograd kernels pay (the measurements in the file comment): F32, 3x3, stride 1, no dilation, one
-// group, >= 64 channels in and out (multiples of 16, the blocked layout's), outputs of >= 14x14.
-bool winograd_fits(const Problem& p) {
+// Channels the blocked layout holds without padding: one group, multiples of 16, at least 16.
+bool blocked_fits(const Problem& p) {
+  const int64_t Co = p.weight->size(0), C = p.weight->size(1);
+  return p.a->groups == 1 && C >= 16 && Co >= 16 && C % 16 == 0 && Co % 16 == 0;
+}
+
+// Problems oneDNN's Winograd kernels take: F32, 3x3, stride 1, no dilation, channels blocked_fits.
+bool winograd_possible(const Problem& p) {
   const Conv2dAttrs& a = *p.a;
   const Tensor& w = *p.weight;
-  const int64_t Co = w.size(0), C = w.size(1);
-  return p.dtype == DType::F32 && a.groups == 1 && w.size(2) == 3 && w.size(3) == 3 && a.stride[0] == 1 &&
-         a.stride[1] == 1 && a.dilation[0] == 1 && a.dilation[1] == 1 && C >= 64 && Co >= 64 && C % 16 == 0 &&
-         Co % 16 == 0 && p.out->size(2) * p.out->size(3) >= 14 * 14;
+  return p.dtype == DType::F32 && blocked_fits(p) && w.size(2) == 3 && w.size(3) == 3 && a.stride[0] == 1 &&
+         a.stride[1] == 1 && a.dilation[0] == 1 && a.dilation[1] == 1;
+}
+
+// Where the Winograd kernels pay by the "auto" rule (the measurements in the file comment): >= 64 channels in
+// and out, outputs of >= 14x14.
+bool winograd_fits(const Problem& p) {
+  return winograd_possible(p) && p.weight->size(0) >= 64 && p.weight->size(1) >= 64 &&
+         p.out->size(2) * p.out->size(3) >= 14 * 14;
 }
 
 // A created problem: the convolution and the weight reorder around it, with the descriptors execution
@@ -300,15 +330,17 @@ std::shared_ptr<const Prim> create(const Problem& p) {
     return dn::reorder(rpd);
   };
   bool made = false;
-  if (p.winograd) {
+  if (p.variant != Variant::Direct) {
     const md image_blk(r->image_md.dims(), dt, tag::nChw16c), out_blk(r->out_md.dims(), dt, tag::nChw16c);
     // The image flows into the forward and weight-gradient convolutions and out of the input-gradient one; the
     // output (or its gradient) the other way round. Without both copies, or without a Winograd kernel for the
-    // problem, the direct kernels run it.
+    // problem, the direct kernels run it on the tensors' own layout.
     std::optional<dn::reorder> ri = p.dir == Dir::BackwardInput ? reorder(image_blk, r->image_md)
                                                                 : reorder(r->image_md, image_blk);
     std::optional<dn::reorder> ro = p.dir == Dir::Forward ? reorder(out_blk, r->out_md) : reorder(r->out_md, out_blk);
-    if (ri && ro && make(dn::algorithm::convolution_winograd, image_blk, out_blk)) {
+    const dn::algorithm alg =
+        p.variant == Variant::Winograd ? dn::algorithm::convolution_winograd : dn::algorithm::convolution_direct;
+    if (ri && ro && make(alg, image_blk, out_blk)) {
       made = true;
       r->act_reorder = true;
       r->image_prim_md = image_blk;
@@ -319,6 +351,7 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   }
   if (!made && !make(dn::algorithm::convolution_direct, r->image_md, r->out_md)) return r;
   r->impl = pd.impl_info_str();
+  if (r->act_reorder && p.variant == Variant::Blocked) r->impl += " on nChw16c";
   // The reference kernels are loops over every output and tap: slower than im2col + BLAS by an order of
   // magnitude. oneDNN's gemm-based kernels ("x64:gemm:jit", what 2.6 offers for plain NCHW activations) are
   // an im2col of its own, measured slower than ours (YOLOv8n 640 b2 fp32 step: 1057 ms with them, 909 ms on
@@ -398,36 +431,27 @@ void* slot_buffer(Slot slot, size_t bytes) {
   return slots.buf[slot].get();
 }
 
-bool run(const Problem& p) {
-  if (!onednn_dtype(p.dtype) || p.image->size(0) == 0) return false;
-  const int threads = in_parallel_region() ? 1 : get_num_threads();
-  Problem q = p;
-  q.threads = threads;
-  q.winograd = cpu_conv_algo() == CpuConvAlgo::Auto && winograd_fits(p);
-  set_omp_threads(threads);
-  const std::shared_ptr<const Prim> prim = lookup(q);
-  set_last_impl(prim->usable ? prim->impl : std::string());
-  if (!prim->usable) return false;
-
+// Runs a usable primitive for p (whose tensors it reads and writes).
+void execute(const Prim& prim, const Problem& p) {
   dn::engine& eng = cpu_engine();
   thread_local dn::stream stream(cpu_engine());
-  void* const scratch = slot_buffer(kScratch, prim->scratch_md.get_size());
-  void* const wtmp = slot_buffer(kWeights, prim->reorder ? prim->weight_prim_md.get_size() : 0);
-  dn::memory image_user(prim->image_md, eng, p.image->data_ptr());
-  dn::memory out_user(prim->out_md, eng, p.out->data_ptr());
-  void* const image_tmp = slot_buffer(kImage, prim->act_reorder ? prim->image_prim_md.get_size() : 0);
-  void* const out_tmp = slot_buffer(kOut, prim->act_reorder ? prim->out_prim_md.get_size() : 0);
-  dn::memory image = prim->act_reorder ? dn::memory(prim->image_prim_md, eng, image_tmp) : image_user;
-  dn::memory out = prim->act_reorder ? dn::memory(prim->out_prim_md, eng, out_tmp) : out_user;
-  dn::memory wuser(prim->weight_user_md, eng, p.weight->data_ptr());
-  dn::memory wprim = prim->reorder ? dn::memory(prim->weight_prim_md, eng, wtmp) : wuser;
+  void* const scratch = slot_buffer(kScratch, prim.scratch_md.get_size());
+  void* const wtmp = slot_buffer(kWeights, prim.reorder ? prim.weight_prim_md.get_size() : 0);
+  dn::memory image_user(prim.image_md, eng, p.image->data_ptr());
+  dn::memory out_user(prim.out_md, eng, p.out->data_ptr());
+  void* const image_tmp = slot_buffer(kImage, prim.act_reorder ? prim.image_prim_md.get_size() : 0);
+  void* const out_tmp = slot_buffer(kOut, prim.act_reorder ? prim.out_prim_md.get_size() : 0);
+  dn::memory image = prim.act_reorder ? dn::memory(prim.image_prim_md, eng, image_tmp) : image_user;
+  dn::memory out = prim.act_reorder ? dn::memory(prim.out_prim_md, eng, out_tmp) : out_user;
+  dn::memory wuser(prim.weight_user_md, eng, p.weight->data_ptr());
+  dn::memory wprim = prim.reorder ? dn::memory(prim.weight_prim_md, eng, wtmp) : wuser;
 
   std::unordered_map<int, dn::memory> args;
-  if (prim->scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch_md, eng, scratch));
+  if (prim.scratch_md.get_size() != 0) args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim.scratch_md, eng, scratch));
   switch (p.dir) {
     case Dir::Forward:
       args.insert({{DNNL_ARG_SRC, image}, {DNNL_ARG_WEIGHTS, wprim}, {DNNL_ARG_DST, out}});
-      if (p.bias) args.emplace(DNNL_ARG_BIAS, dn::memory(prim->bias_md, eng, p.bias->data_ptr()));
+      if (p.bias) args.emplace(DNNL_ARG_BIAS, dn::memory(prim.bias_md, eng, p.bias->data_ptr()));
       break;
     case Dir::BackwardInput:
       args.insert({{DNNL_ARG_DIFF_DST, out}, {DNNL_ARG_WEIGHTS, wprim}, {DNNL_ARG_DIFF_SRC, image}});
@@ -439,19 +463,80 @@ bool run(const Problem& p) {
   const bool weight_out = p.dir == Dir::BackwardWeight;
   const PoolIdleScope idle;  // our workers sleep while the OpenMP team runs
   const bool image_in = p.dir != Dir::BackwardInput, out_in = p.dir != Dir::Forward;
-  if (prim->act_reorder) {
-    if (image_in) prim->image_reorder.execute(stream, {{DNNL_ARG_FROM, image_user}, {DNNL_ARG_TO, image}});
-    if (out_in) prim->out_reorder.execute(stream, {{DNNL_ARG_FROM, out_user}, {DNNL_ARG_TO, out}});
+  if (prim.act_reorder) {
+    if (image_in) prim.image_reorder.execute(stream, {{DNNL_ARG_FROM, image_user}, {DNNL_ARG_TO, image}});
+    if (out_in) prim.out_reorder.execute(stream, {{DNNL_ARG_FROM, out_user}, {DNNL_ARG_TO, out}});
   }
-  if (prim->reorder && !weight_out) prim->weight_reorder.execute(stream, {{DNNL_ARG_FROM, wuser}, {DNNL_ARG_TO, wprim}});
-  prim->conv.execute(stream, args);
-  if (prim->reorder && weight_out) prim->weight_reorder.execute(stream, {{DNNL_ARG_FROM, wprim}, {DNNL_ARG_TO, wuser}});
-  if (prim->act_reorder) {
-    if (!image_in) prim->image_reorder.execute(stream, {{DNNL_ARG_FROM, image}, {DNNL_ARG_TO, image_user}});
-    if (!out_in) prim->out_reorder.execute(stream, {{DNNL_ARG_FROM, out}, {DNNL_ARG_TO, out_user}});
+  if (prim.reorder && !weight_out) prim.weight_reorder.execute(stream, {{DNNL_ARG_FROM, wuser}, {DNNL_ARG_TO, wprim}});
+  prim.conv.execute(stream, args);
+  if (prim.reorder && weight_out) prim.weight_reorder.execute(stream, {{DNNL_ARG_FROM, wprim}, {DNNL_ARG_TO, wuser}});
+  if (prim.act_reorder) {
+    if (!image_in) prim.image_reorder.execute(stream, {{DNNL_ARG_FROM, image}, {DNNL_ARG_TO, image_user}});
+    if (!out_in) prim.out_reorder.execute(stream, {{DNNL_ARG_FROM, out}, {DNNL_ARG_TO, out_user}});
   }
   stream.wait();
-  g_executions.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Benchmark mode: the variant each problem measured fastest on its first call, for the process.
+std::atomic<int64_t> g_benchmarked{0};
+
+// The candidates of p, fastest first by measurement: each usable variant runs once to warm up (kernel pages,
+// scratch) and then twice timed; the best of those two counts. The tensors are the call's own: every
+// direction overwrites its output, so the runs leave the result of the last one, and the caller runs the
+// chosen one again. Direct is kept unless another is 5% faster: a tie should not depend on timing noise.
+std::shared_ptr<const Prim> benchmark(const Problem& p) {
+  static std::mutex mutex;
+  static std::map<std::vector<int64_t>, std::shared_ptr<const Prim>> chosen;
+  const std::vector<int64_t> key = p.problem_key();
+  {
+    std::lock_guard<std::mutex> lk(mutex);
+    auto it = chosen.find(key);
+    if (it != chosen.end()) return it->second;
+  }
+  std::vector<Variant> variants{Variant::Direct};
+  if (blocked_fits(p)) variants.push_back(Variant::Blocked);
+  if (winograd_possible(p)) variants.push_back(Variant::Winograd);
+  std::shared_ptr<const Prim> best;
+  double best_s = 0;
+  for (Variant v : variants) {
+    Problem q = p;
+    q.variant = v;
+    std::shared_ptr<const Prim> prim = lookup(q);
+    // A variant oneDNN runs another way (Winograd without a Winograd kernel) is the same as one tried before.
+    if (!prim->usable || (best && prim->impl == best->impl && prim->act_reorder == best->act_reorder)) continue;
+    execute(*prim, q);
+    double s = 0;
+    for (int i = 0; i < 2; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      execute(*prim, q);
+      const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      s = i == 0 ? d : std::min(s, d);
+    }
+    if (!best || s < best_s * 0.95) {
+      best = prim;
+      best_s = s;
+    }
+  }
+  if (!best) best = lookup(p);  // none usable: the unusable entry, so the caller falls back to im2col
+  g_benchmarked.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(mutex);
+  if (chosen.size() >= kMaxCached) chosen.clear();
+  return chosen.emplace(key, best).first->second;
+}
+
+bool run(const Problem& p) {
+  if (!onednn_dtype(p.dtype) || p.image->size(0) == 0) return false;
+  const int threads = in_parallel_region() ? 1 : get_num_threads();
+  Problem q = p;
+  q.threads = threads;
+  const CpuConvAlgo algo = cpu_conv_algo();
+  q.variant = algo == CpuConvAlgo::Auto && winograd_fits(p) ? Variant::Winograd : Variant::Direct;
+  set_omp_threads(threads);
+  const std::shared_ptr<const Prim> prim = algo == CpuConvAlgo::Benchmark ? benchmark(q) : lookup(q);
+  set_last_impl(prim->usable ? prim->impl : std::string());
+  if (!prim->usable) return false;
+  execute(*prim, q);
+  g_executions.fetch_add(1, std::memory_order_relaxed);  // calls answered, not benchmark mode's trial runs
   return true;
 }
 
@@ -459,18 +544,19 @@ bool run(const Problem& p) {
 
 int64_t onednn_scratch_bytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
 int64_t onednn_scratch_grows() { return g_scratch_grows.load(std::memory_order_relaxed); }
+int64_t onednn_benchmarked_problems() { return g_benchmarked.load(std::memory_order_relaxed); }
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                            const Conv2dAttrs& a) {
-  return run(Problem{Dir::Forward, y.dtype(), &x, &y, &w, bias, &a, 0, false});
+  return run(Problem{Dir::Forward, y.dtype(), &x, &y, &w, bias, &a, 0, Variant::Direct});
 }
 
 bool onednn_conv2d_backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, const Conv2dAttrs& a) {
-  return run(Problem{Dir::BackwardInput, gx.dtype(), &gx, &gy, &w, nullptr, &a, 0, false});
+  return run(Problem{Dir::BackwardInput, gx.dtype(), &gx, &gy, &w, nullptr, &a, 0, Variant::Direct});
 }
 
 bool onednn_conv2d_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, const Conv2dAttrs& a) {
-  return run(Problem{Dir::BackwardWeight, gw.dtype(), &x, &gy, &gw, nullptr, &a, 0, false});
+  return run(Problem{Dir::BackwardWeight, gw.dtype(), &x, &gy, &gw, nullptr, &a, 0, Variant::Direct});
 }
 
 #endif  // AMPFORGE_HAVE_ONEDNN

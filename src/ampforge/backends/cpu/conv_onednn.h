@@ -28,8 +28,12 @@ CpuConvPath cpu_conv_path();
 // The algorithm AMPFORGE_CPU_CONV_ALGO asks for (read at every call): unset, empty or "auto" lets 3x3 stride-1
 // F32 convolutions with >= 64 channels on >= 14x14 outputs run on oneDNN's Winograd kernels (faster there;
 // rounding within the F32 tolerance table of the direct sum: conv_onednn.cpp); "direct" keeps every problem
-// on direct kernels (PyTorch's CPU choice). Any other value raises InvalidArgument naming the variable.
-enum class CpuConvAlgo { Auto, Direct };
+// on direct kernels (PyTorch's CPU choice); "benchmark" (as torch.backends.cudnn.benchmark) times the
+// candidates of each problem on its first call (direct kernels on the tensors' layout, direct kernels on
+// activations copied to nChw16c, Winograd) and keeps the fastest for the process: the fastest this CPU has,
+// at the price of a slower first step and a choice that may differ from run to run (results within the F32
+// table of each other). Any other value raises InvalidArgument naming the variable.
+enum class CpuConvAlgo { Auto, Direct, Benchmark };
 CpuConvAlgo cpu_conv_algo();
 
 // oneDNN convolution primitives executed by this process so far (all three directions), for the tests
@@ -40,6 +44,8 @@ int64_t onednn_conv_executions();
 // call needed more: a thread's buffers grow to its largest problem and are reused after (conv_onednn.cpp).
 int64_t onednn_scratch_bytes();
 int64_t onednn_scratch_grows();
+// Problems benchmark mode has measured so far (each once per process).
+int64_t onednn_benchmarked_problems();
 // The oneDNN implementation that ran (or would run) the last problem handed to the functions below, e.g.
 // "brgconv:avx512_core_amx" or "jit:avx512_core"; empty before any or when none was usable.
 std::string onednn_last_impl();

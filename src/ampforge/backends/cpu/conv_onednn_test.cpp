@@ -275,7 +275,7 @@ TEST(OneDnnConv, BadAlgoEnvValueIsAnError) {
   ScopedEnv env("AMPFORGE_CPU_CONV_ALGO", "fft");
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN): the variable is not read";
   ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
-  expect_conv_error(rnd({1, 2, 4, 4}, DType::F32, kNHWC), "AMPFORGE_CPU_CONV_ALGO=fft: expected auto or direct");
+  expect_conv_error(rnd({1, 2, 4, 4}, DType::F32, kNHWC), "AMPFORGE_CPU_CONV_ALGO=fft: expected auto, direct or benchmark");
 }
 
 TEST(OneDnnConv, TransientBuffersAreReusedAcrossCalls) {
@@ -301,4 +301,28 @@ TEST(OneDnnConv, TransientBuffersAreReusedAcrossCalls) {
   for (int i = 0; i < 3; ++i) round();
   EXPECT_EQ(cpu::onednn_scratch_grows(), grows);
   EXPECT_EQ(cpu::onednn_scratch_bytes(), bytes);
+}
+
+TEST(OneDnnConv, BenchmarkModeMeasuresEachProblemOnceAndAgreesWithIm2col) {
+  // A problem with all three candidates (direct, direct on nChw16c, Winograd): the first call of each direction
+  // measures them, later calls reuse the choice; whichever won, results agree with im2col's direct sums.
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  const Conv2dAttrs a = conv_attrs(1, 1, 1, 1, 1, 1, 1);
+  Tensor x = rnd({2, 32, 12, 12}, DType::F32, kNHWC), w = rnd({48, 32, 3, 3}, DType::F32);
+  const MemoryFormat of = ops::conv2d_memory_format(x, w);
+  Tensor gy = rnd({2, 48, 12, 12}, DType::F32, of);
+  int64_t n = 0;
+  const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, a, &n);
+  ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "benchmark");
+  const int64_t measured0 = cpu::onednn_benchmarked_problems();
+  ConvRun got = run_on("onednn", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(n, 3) << "the measuring runs must not count as the call's result twice";
+  EXPECT_EQ(cpu::onednn_benchmarked_problems() - measured0, 3) << "one measurement per direction";
+  expect_close(got.y, ref.y, "forward", 288.0 / 300);
+  expect_close(got.gx, ref.gx, "grad_input", 432.0 / 300);
+  expect_close(got.gw, ref.gw, "grad_weight", 288.0 / 300);
+  got = run_on("onednn", x, w, Tensor(), gy, a, &n);
+  EXPECT_EQ(cpu::onednn_benchmarked_problems() - measured0, 3) << "second calls must reuse the choice";
+  EXPECT_EQ(n, 3);
+  expect_close(got.y, ref.y, "forward (again)", 288.0 / 300);
 }
