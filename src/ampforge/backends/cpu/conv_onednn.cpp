@@ -222,10 +222,28 @@ bool winograd_possible(const Problem& p) {
 }
 
 // Where the Winograd kernels pay by the "auto" rule (the measurements in the file comment): >= 64 channels in
-// and out, outputs of >= 14x14.
+// and out on outputs of >= 14x14, or >= 32 channels on outputs of >= 56x56 (YOLOv8's 32 channels at 80x80: 0.52 /
+// 0.57 / 0.55 ms direct against 0.29 / 0.32 / 0.38 on Winograd, plus ~0.09 ms per layout copy).
 bool winograd_fits(const Problem& p) {
-  return winograd_possible(p) && p.weight->size(0) >= 64 && p.weight->size(1) >= 64 &&
-         p.out->size(2) * p.out->size(3) >= 14 * 14;
+  const int64_t ch = std::min(p.weight->size(0), p.weight->size(1)), pixels = p.out->size(2) * p.out->size(3);
+  return winograd_possible(p) && ((ch >= 64 && pixels >= 14 * 14) || (ch >= 32 && pixels >= 56 * 56));
+}
+
+// The weight gradient of a strided convolution with >= 32 channels runs faster on nChw16c copies of the activations
+// (oneDNN's blocked-layout kernel): ResNet-50 b8's 128-channel 3x3 stride-2 at 56x56 9.2 -> 4.5 ms (+0.35 ms of
+// copies), 256 at 28x28 6.4 -> 4.7, 512 at 14x14 6.3 -> 5.2; YOLOv8n b2's 32-128 channels 10-25% faster; at 16
+// channels slower (1.6 -> 2.6 ms). bench/onednn_conv_shapes, docs/PERFORMANCE.md.
+bool blocked_weight_grad_fits(const Problem& p) {
+  const Conv2dAttrs& a = *p.a;
+  return p.dir == Dir::BackwardWeight && p.dtype == DType::F32 && blocked_fits(p) && (a.stride[0] > 1 || a.stride[1] > 1) &&
+         (p.weight->size(2) > 1 || p.weight->size(3) > 1) && std::min(p.weight->size(0), p.weight->size(1)) >= 32;
+}
+
+// The variant the "auto" rule picks.
+Variant auto_variant(const Problem& p) {
+  if (winograd_fits(p)) return Variant::Winograd;
+  if (blocked_weight_grad_fits(p)) return Variant::Blocked;
+  return Variant::Direct;
 }
 
 // A created problem: the convolution and the weight reorder around it, with the descriptors execution
@@ -524,14 +542,59 @@ std::shared_ptr<const Prim> benchmark(const Problem& p) {
   return chosen.emplace(key, best).first->second;
 }
 
+// The gradients of a 1x1, stride-1, unpadded, ungrouped F32 convolution on channels-last activations are matrix
+// products of the tensors as they lie: with M = N*H*W rows, x is (M, C), gy is (M, Co) and the weight (Co, C):
+//   input gradient   gx (M, C)  = gy (M, Co) @ w (Co, C)
+//   weight gradient  gw (Co, C) = gy^T (Co, M) @ x (M, C)
+// oneDNN's GEMM (dnnl::sgemm, AVX-512 kernels generated for the CPU, on the same OpenMP team) runs them without the
+// convolution primitive's weight reorders, and faster than its 1x1 backward kernels, most of all on YOLOv8's few
+// channels over many pixels (b2: 192 -> 64 channels at 80x80, input + weight gradient 3.9 -> 1.5 ms; ResNet-50 b8's
+// 1024 -> 256 at 14x14 4.4 -> 3.8 ms; docs/PERFORMANCE.md). The forward stays on the convolution primitive, which
+// was as fast or faster (64 -> 256 at 56x56: 1.8 ms against 8 ms for the GEMM). false: not such a problem.
+bool run_pointwise_gemm(const Problem& p) {
+  const Conv2dAttrs& a = *p.a;
+  const Tensor& w = *p.weight;
+  if (p.dir == Dir::Forward || p.dtype != DType::F32 || a.groups != 1 || w.size(2) != 1 || w.size(3) != 1 ||
+      a.stride[0] != 1 || a.stride[1] != 1 || a.padding[0] != 0 || a.padding[1] != 0 ||
+      !p.image->is_contiguous(MemoryFormat::ChannelsLast) || !p.out->is_contiguous(MemoryFormat::ChannelsLast))
+    return false;
+  const int64_t Co = w.size(0), C = w.size(1);
+  const int64_t M = p.image->size(0) * p.image->size(2) * p.image->size(3);
+  // The weight as a row-major (Co, C) matrix, or its transpose; other strides go to the convolution primitive.
+  const bool w_rows = w.stride(1) == 1 || C == 1, w_cols = !w_rows && (w.stride(0) == 1 || Co == 1);
+  if (!w_rows && !w_cols) return false;
+  const int64_t ldw = w_rows ? std::max<int64_t>(w.stride(0), C) : std::max<int64_t>(w.stride(1), Co);
+  const float* gy = static_cast<const float*>(p.out->data_ptr());
+  const PoolIdleScope idle;  // our workers sleep while the OpenMP team runs
+  if (p.dir == Dir::BackwardInput) {
+    float* gx = static_cast<float*>(p.image->data_ptr());
+    dn::sgemm('N', w_rows ? 'N' : 'T', M, C, Co, 1.0f, gy, Co, static_cast<const float*>(w.data_ptr()), ldw, 0.0f, gx,
+              C);
+  } else {
+    const float* x = static_cast<const float*>(p.image->data_ptr());
+    float* gw = static_cast<float*>(w.data_ptr());
+    if (w_rows) {
+      dn::sgemm('T', 'N', Co, C, M, 1.0f, gy, Co, x, C, 0.0f, gw, ldw);
+    } else {  // gw^T (C, Co) = x^T @ gy
+      dn::sgemm('T', 'N', C, Co, M, 1.0f, x, C, gy, Co, 0.0f, gw, ldw);
+    }
+  }
+  return true;
+}
+
 bool run(const Problem& p) {
   if (!onednn_dtype(p.dtype) || p.image->size(0) == 0) return false;
   const int threads = in_parallel_region() ? 1 : get_num_threads();
   Problem q = p;
   q.threads = threads;
   const CpuConvAlgo algo = cpu_conv_algo();
-  q.variant = algo == CpuConvAlgo::Auto && winograd_fits(p) ? Variant::Winograd : Variant::Direct;
+  q.variant = algo == CpuConvAlgo::Auto ? auto_variant(p) : Variant::Direct;
   set_omp_threads(threads);
+  if (algo != CpuConvAlgo::Direct && run_pointwise_gemm(q)) {
+    set_last_impl("sgemm (1x1 as a matrix product)");
+    g_executions.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
   const std::shared_ptr<const Prim> prim = algo == CpuConvAlgo::Benchmark ? benchmark(q) : lookup(q);
   set_last_impl(prim->usable ? prim->impl : std::string());
   if (!prim->usable) return false;
