@@ -58,6 +58,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -542,40 +543,71 @@ std::shared_ptr<const Prim> benchmark(const Problem& p) {
   return chosen.emplace(key, best).first->second;
 }
 
-// The gradients of a 1x1, stride-1, unpadded, ungrouped F32 convolution on channels-last activations are matrix
-// products of the tensors as they lie: with M = N*H*W rows, x is (M, C), gy is (M, Co) and the weight (Co, C):
-//   input gradient   gx (M, C)  = gy (M, Co) @ w (Co, C)
-//   weight gradient  gw (Co, C) = gy^T (Co, M) @ x (M, C)
+// The gradients of a 1x1, unpadded, ungrouped F32 convolution on channels-last activations are matrix products of
+// the tensors as they lie: with M = N*Ho*Wo output pixels, gy is (M, Co), the weight (Co, C), and xs (M, C) the
+// input pixels the kernel reads (x itself at stride 1, every s-th row and column of x at stride s):
+//   input gradient   gx at those pixels (M, C) = gy (M, Co) @ w (Co, C), zero elsewhere
+//   weight gradient  gw (Co, C)                = gy^T (Co, M) @ xs (M, C)
 // oneDNN's GEMM (dnnl::sgemm, AVX-512 kernels generated for the CPU, on the same OpenMP team) runs them without the
 // convolution primitive's weight reorders, and faster than its 1x1 backward kernels, most of all on YOLOv8's few
 // channels over many pixels (b2: 192 -> 64 channels at 80x80, input + weight gradient 3.9 -> 1.5 ms; ResNet-50 b8's
-// 1024 -> 256 at 14x14 4.4 -> 3.8 ms; docs/PERFORMANCE.md). The forward stays on the convolution primitive, which
-// was as fast or faster (64 -> 256 at 56x56: 1.8 ms against 8 ms for the GEMM). false: not such a problem.
+// 1024 -> 256 at 14x14 4.4 -> 3.8 ms; docs/PERFORMANCE.md). At stride s, xs is gathered into a buffer first and the
+// input gradient's rows are scattered from one (both M x C, a fraction 1/s^2 of x). The forward stays on the
+// convolution primitive, which was as fast or faster (64 -> 256 at 56x56: 1.8 against 2.0 ms). false: not such a
+// problem.
 bool run_pointwise_gemm(const Problem& p) {
   const Conv2dAttrs& a = *p.a;
   const Tensor& w = *p.weight;
+  const Tensor &img = *p.image, &out = *p.out;
   if (p.dir == Dir::Forward || p.dtype != DType::F32 || a.groups != 1 || w.size(2) != 1 || w.size(3) != 1 ||
-      a.stride[0] != 1 || a.stride[1] != 1 || a.padding[0] != 0 || a.padding[1] != 0 ||
-      !p.image->is_contiguous(MemoryFormat::ChannelsLast) || !p.out->is_contiguous(MemoryFormat::ChannelsLast))
+      a.padding[0] != 0 || a.padding[1] != 0 || !img.is_contiguous(MemoryFormat::ChannelsLast) ||
+      !out.is_contiguous(MemoryFormat::ChannelsLast))
     return false;
   const int64_t Co = w.size(0), C = w.size(1);
-  const int64_t M = p.image->size(0) * p.image->size(2) * p.image->size(3);
+  const int64_t N = img.size(0), H = img.size(2), W = img.size(3), Ho = out.size(2), Wo = out.size(3);
+  const int64_t sh = a.stride[0], sw = a.stride[1], M = N * Ho * Wo;
+  const bool strided = sh != 1 || sw != 1;
   // The weight as a row-major (Co, C) matrix, or its transpose; other strides go to the convolution primitive.
   const bool w_rows = w.stride(1) == 1 || C == 1, w_cols = !w_rows && (w.stride(0) == 1 || Co == 1);
   if (!w_rows && !w_cols) return false;
   const int64_t ldw = w_rows ? std::max<int64_t>(w.stride(0), C) : std::max<int64_t>(w.stride(1), Co);
-  const float* gy = static_cast<const float*>(p.out->data_ptr());
-  const PoolIdleScope idle;  // our workers sleep while the OpenMP team runs
+  const float* gy = static_cast<const float*>(out.data_ptr());
+  float* const xs_buf = strided ? static_cast<float*>(slot_buffer(kImage, static_cast<size_t>(M * C) * sizeof(float)))
+                                : nullptr;
+  // Row r = (n, ho, wo) of xs is pixel (n, ho * sh, wo * sw) of the image.
+  auto pixel = [&](int64_t r) {
+    const int64_t wo = r % Wo, ho = (r / Wo) % Ho, n = r / (Wo * Ho);
+    return ((n * H + ho * sh) * W + wo * sw) * C;
+  };
   if (p.dir == Dir::BackwardInput) {
-    float* gx = static_cast<float*>(p.image->data_ptr());
-    dn::sgemm('N', w_rows ? 'N' : 'T', M, C, Co, 1.0f, gy, Co, static_cast<const float*>(w.data_ptr()), ldw, 0.0f, gx,
-              C);
+    float* gx = static_cast<float*>(img.data_ptr());
+    float* dst = strided ? xs_buf : gx;
+    {
+      const PoolIdleScope idle;  // our workers sleep while the OpenMP team runs
+      dn::sgemm('N', w_rows ? 'N' : 'T', M, C, Co, 1.0f, gy, Co, static_cast<const float*>(w.data_ptr()), ldw, 0.0f,
+                dst, C);
+    }
+    if (strided) {
+      parallel_for(N * H, 1, [&](int64_t r0, int64_t r1) {
+        std::memset(gx + r0 * W * C, 0, static_cast<size_t>((r1 - r0) * W * C) * sizeof(float));
+      });
+      parallel_for(M, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) std::memcpy(gx + pixel(r), xs_buf + r * C, static_cast<size_t>(C) * sizeof(float));
+      });
+    }
   } else {
-    const float* x = static_cast<const float*>(p.image->data_ptr());
+    const float* x = static_cast<const float*>(img.data_ptr());
+    if (strided) {
+      parallel_for(M, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) std::memcpy(xs_buf + r * C, x + pixel(r), static_cast<size_t>(C) * sizeof(float));
+      });
+      x = xs_buf;
+    }
     float* gw = static_cast<float*>(w.data_ptr());
+    const PoolIdleScope idle;
     if (w_rows) {
       dn::sgemm('T', 'N', Co, C, M, 1.0f, gy, Co, x, C, 0.0f, gw, ldw);
-    } else {  // gw^T (C, Co) = x^T @ gy
+    } else {  // gw^T (C, Co) = xs^T @ gy
       dn::sgemm('T', 'N', C, Co, M, 1.0f, x, C, gy, Co, 0.0f, gw, ldw);
     }
   }
