@@ -16,17 +16,21 @@
 // so the reorders cost ~1% of a step; caching reordered weights across calls would need to know when the
 // optimizer changed them, which a kernel does not.
 //
-// Algorithm: direct convolution, except that 3x3 stride-1 F32 convolutions with >= 64 input and output
-// channels on images of >= 14x14 outputs run on oneDNN's Winograd kernels (F(4x4, 3x3): 2.25x fewer
-// multiplications) unless AMPFORGE_CPU_CONV_ALGO=direct. bench/onednn_conv_shapes measures the kernels alone
-// (docs/PERFORMANCE.md): about 1.4-2x faster per direction for ResNet-50's 64-256 channels at 56x56-14x14,
-// slower at 7x7 (hence the 14x14 bound) and at 16 channels; below 64 channels the layout copies below were not
-// judged worth it. Winograd rounds differently from a
-// direct sum (its transforms add and subtract scaled inputs before the products): results agree with the
-// direct kernels within the F32 tolerance table (tests), as cuDNN's Winograd algorithms, which PyTorch's
-// cudnn.benchmark picks on GPUs, do. oneDNN's Winograd kernels read and write the blocked nChw16c layout
-// only, so these primitives copy the activations in (nhwc/nchw -> nChw16c) and the result out, around the
-// call (0.1-0.3 ms per copy of ResNet-50's 14x14-28x28 activations at batch 8).
+// Algorithm ("auto", AMPFORGE_CPU_CONV_ALGO unset): direct convolution, except
+//  - 3x3 stride-1 F32 convolutions with >= 64 input and output channels on >= 14x14 outputs, or >= 32 channels on
+//    >= 56x56, run on oneDNN's Winograd kernels (F(4x4, 3x3): 2.25x fewer multiplications). bench/onednn_conv_shapes
+//    measures the kernels alone (docs/PERFORMANCE.md): about 1.4-2x faster per direction for ResNet-50's 64-256
+//    channels at 56x56-14x14 and YOLOv8n's 32-128 channels at 80x80-20x20, slower at 7x7 (hence the 14x14 bound)
+//    and at 16 channels (the layout copies below eat the gain). Winograd rounds differently from a direct sum (its
+//    transforms add and subtract scaled inputs before the products): results agree with the direct kernels within
+//    the F32 tolerance table (tests), as cuDNN's Winograd algorithms, which PyTorch's cudnn.benchmark picks on
+//    GPUs, do;
+//  - weight gradients of strided convolutions with >= 32 channels run on the direct kernels for nChw16c
+//    (blocked_weight_grad_fits);
+//  - both gradients of 1x1 unpadded F32 convolutions on channels-last activations are GEMMs (run_pointwise_gemm).
+// "direct" turns all three off. oneDNN's Winograd and blocked kernels read and write the blocked nChw16c layout
+// only, so these primitives copy the activations in (nhwc/nchw -> nChw16c) and the result out, around the call
+// (0.1-0.3 ms per copy of ResNet-50's 14x14-28x28 activations at batch 8).
 // AMPFORGE_CPU_CONV_ALGO=benchmark replaces that rule by a measurement, as cuDNN's benchmark mode does: the
 // first call of each problem times direct kernels on the tensors' layout, direct kernels on nChw16c copies and
 // Winograd, and the process keeps the fastest. Why not by default: on the 2-vCPU VMs this was written on, one

@@ -25,10 +25,12 @@ bool onednn_built();
 // build without oneDNN, or any other value, raises InvalidArgument naming the variable.
 CpuConvPath cpu_conv_path();
 
-// The algorithm AMPFORGE_CPU_CONV_ALGO asks for (read at every call): unset, empty or "auto" lets 3x3 stride-1
-// F32 convolutions with >= 64 channels on >= 14x14 outputs run on oneDNN's Winograd kernels (faster there;
-// rounding within the F32 tolerance table of the direct sum: conv_onednn.cpp); "direct" keeps every problem
-// on direct kernels (PyTorch's CPU choice); "benchmark" (as torch.backends.cudnn.benchmark) times the
+// The algorithm AMPFORGE_CPU_CONV_ALGO asks for (read at every call): unset, empty or "auto" is a fixed rule
+// (conv_onednn.cpp): 3x3 stride-1 F32 convolutions with >= 64 channels on >= 14x14 outputs (>= 32 on >= 56x56) run
+// on oneDNN's Winograd kernels (faster there; rounding within the F32 tolerance table of the direct sum), strided
+// weight gradients with >= 32 channels on its blocked-layout kernels, and the gradients of 1x1 F32 convolutions on
+// channels-last activations as GEMMs; "direct" keeps every problem on direct convolution kernels (PyTorch's CPU
+// choice); "benchmark" (as torch.backends.cudnn.benchmark) times the
 // candidates of each problem on its first call (direct kernels on the tensors' layout, direct kernels on
 // activations copied to nChw16c, Winograd) and keeps the fastest for the process: the fastest this CPU has,
 // at the price of a slower first step and a choice that may differ from run to run (results within the F32
