@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t N, C, H, W, K;
   };
-  for (ConvCase c : {ConvCase{"conv_cnn2", 128, 32, 14, 14, 64}, ConvCase{"conv_resnet", 16, 64, 28, 28, 64}}) {
+  // conv_yolo80: YOLOv8n's 80-channel head convolutions at 80x80 (batch 2), on Winograd with nChw16c copies.
+  for (ConvCase c : {ConvCase{"conv_cnn2", 128, 32, 14, 14, 64}, ConvCase{"conv_resnet", 16, 64, 28, 28, 64},
+                     ConvCase{"conv_yolo80", 2, 80, 80, 80, 80}}) {
     // ampforge runs its natural layout (channels-last); PyTorch its default (NCHW).
     af::Tensor x = af::randn({c.N, c.C, c.H, c.W}).contiguous(af::MemoryFormat::ChannelsLast).requires_grad_();
     af::Tensor w = af::randn({c.K, c.C, 3, 3}).requires_grad_();

@@ -32,7 +32,8 @@ def ops_bench():
     for n in (256, 512, 1024):
         a, b = torch.randn(n, n), torch.randn(n, n)
         res[f"gemm_{n}"] = timeit(lambda: torch.mm(a, b))
-    for name, (N, C, H, W, K) in {"conv_cnn2": (128, 32, 14, 14, 64), "conv_resnet": (16, 64, 28, 28, 64)}.items():
+    for name, (N, C, H, W, K) in {"conv_cnn2": (128, 32, 14, 14, 64), "conv_resnet": (16, 64, 28, 28, 64),
+                                  "conv_yolo80": (2, 80, 80, 80, 80)}.items():
         x = torch.randn(N, C, H, W, requires_grad=True)
         w = torch.randn(K, C, 3, 3, requires_grad=True)
         res[name + "_fwd"] = timeit(lambda: F.conv2d(x, w, padding=1))

@@ -329,6 +329,14 @@ TEST(OneDnnConv, BenchmarkModeMeasuresEachProblemOnceAndAgreesWithIm2col) {
   EXPECT_EQ(cpu::onednn_benchmarked_problems() - measured0, 3) << "second calls must reuse the choice";
   EXPECT_EQ(n, 3);
   expect_close(got.y, ref.y, "forward (again)", k * 288.0 / 300);
+  // BF16 has the direct and the nChw16c candidates (the latter's activation copies move 2-byte elements).
+  Tensor xb = ops::to_dtype(x, DType::BF16), wb = ops::to_dtype(w, DType::BF16), gyb = ops::to_dtype(gy, DType::BF16);
+  const ConvRun refb = run_on("im2col", xb, wb, Tensor(), gyb, a, &n);
+  const ConvRun gotb = run_on("onednn", xb, wb, Tensor(), gyb, a, &n);
+  EXPECT_EQ(n, 3);
+  expect_close(gotb.y, refb.y, "BF16 forward");
+  expect_close(gotb.gx, refb.gx, "BF16 grad_input");
+  expect_close(gotb.gw, refb.gw, "BF16 grad_weight");
 }
 
 TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
