@@ -2,13 +2,16 @@
 // F32 and 16-bit parameters, contiguous and channels-last batch-norm inputs, 2-D/3-D/4-D inputs, shapes
 // large enough to split each channel's reduction, training with running-stat updates, eval mode, missing
 // weight/bias/running stats, an empty batch in eval mode, layer-norm rows for the warp and the block
-// kernels, several normalised dims, and bit-identical backward results from run to run. Skips without a
-// CUDA device.
+// kernels, several normalised dims, and bit-identical backward results from run to run; and the fused ends of
+// ResNet's and YOLOv8's blocks (batch_norm_act, batch_norm_add_act) through autograd, one kernel on the CPU and the
+// ops they compose on CUDA. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "ampforge/autograd/functions.h"
+#include "ampforge/autograd/node.h"
 #include "ampforge/backends/cuda/gpu_testutil.h"
 #include "ampforge/core/attrs.h"
 
@@ -101,6 +104,48 @@ TEST(CudaBatchNorm, TrainingAndEvalMatchCpu) {
           const std::string what = bn_name(c, dt, pdt, training);
           compare_bn(run_bn(x, w, b, rm, rv, go, at, true), run_bn(x, w, b, rm, rv, go, at, false), what);
         }
+}
+
+TEST(CudaBatchNorm, FusedBlockEndsMatchCpu) {
+  // act(bn(x)) for ReLU and SiLU, and act(bn(x) + residual) for ReLU and None, in training mode through autograd:
+  // the CPU runs each as one kernel each way (the backward recomputing bn(x), or reading the ReLU mask from the
+  // output), CUDA as batch_norm, add and the activation. Output, the gradients of x, the residual, weight and bias,
+  // and the running statistics agree within the F32 table; a channels-last residual block as ResNet runs it.
+  AF_SKIP_WITHOUT_CUDA();
+  const Shape s{4, 32, 9, 7};
+  const int64_t C = s[1];
+  struct Case {
+    NormAct act;
+    bool residual;
+  };
+  for (const Case c : {Case{NormAct::ReLU, false}, Case{NormAct::SiLU, false}, Case{NormAct::ReLU, true},
+                       Case{NormAct::None, true}}) {
+    const std::string what = std::string(c.residual ? "batch_norm_add_act " : "batch_norm_act ") +
+                             (c.act == NormAct::ReLU ? "relu" : c.act == NormAct::SiLU ? "silu" : "none");
+    const Tensor x = ops::contiguous(random_cpu(s, DType::F32, 420, 2.0, 0.5), MemoryFormat::ChannelsLast);
+    const Tensor r = ops::contiguous(random_cpu(s, DType::F32, 421), MemoryFormat::ChannelsLast);
+    const Tensor w = random_cpu(Shape{C}, DType::F32, 422, 0.5, 1.0), b = random_cpu(Shape{C}, DType::F32, 423);
+    const Tensor go = ops::contiguous(random_cpu(s, DType::F32, 424), MemoryFormat::ChannelsLast);
+    auto run = [&](Device dev) {
+      Tensor xl = ops::to_device(x, dev), rl = ops::to_device(r, dev), wl = ops::to_device(w, dev),
+             bl = ops::to_device(b, dev);
+      for (Tensor* t : {&xl, &rl, &wl, &bl}) t->requires_grad_();
+      Tensor rm = ops::to_device(ops::zeros({C}, DType::F32, kCPU), dev);
+      Tensor rv = ops::to_device(ops::ones({C}, DType::F32, kCPU), dev);
+      const Tensor y = c.residual ? batch_norm_add_act(xl, rl, wl, bl, rm, rv, true, 0.1, 1e-5, c.act)
+                                  : batch_norm_act(xl, wl, bl, rm, rv, true, 0.1, 1e-5, c.act);
+      std::vector<Tensor> inputs{xl, wl, bl};
+      if (c.residual) inputs.push_back(rl);
+      std::vector<Tensor> out = autograd::grad({y}, inputs, {ops::to_device(go, dev)});
+      out.insert(out.begin(), {y, rm, rv});
+      return out;
+    };
+    const std::vector<Tensor> cpu = run(kCPU), gpu = run(kCuda0);
+    const char* names[] = {"out", "running_mean", "running_var", "grad_input", "grad_weight", "grad_bias",
+                           "grad_residual"};
+    ASSERT_EQ(cpu.size(), gpu.size()) << what;
+    for (size_t i = 0; i < cpu.size(); ++i) expect_matches_cpu(gpu[i], cpu[i], what + " " + names[i]);
+  }
 }
 
 TEST(CudaBatchNorm, WithoutAffineOrRunningStats) {
