@@ -41,7 +41,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const 
   record("Conv2dBackward", {x, w, b}, {out},
          [gx, gw, gb, attrs, fmt = ops::conv2d_memory_format(x, w), xs = x.shape(), ws = w.shape(),
           X = SavedTensor(gw ? x : Tensor()), W = SavedTensor(gx ? w : Tensor())](const Grads& g) -> Grads {
-           const Tensor& gy = g[0];
+           // The output gradient in the output's layout, once for the three gradients: a strided one (YOLOv8's head
+           // hands back slices of its (B, no, A) gradient) would otherwise be copied by each backward op, to the
+           // layout its strides suggest (NCHW there), against a channels-last input (mixed layouts: no fast kernel).
+           const Tensor gy = g[0].dim() == 4 ? ops::to_image_layout(g[0], fmt) : g[0];
            Tensor gX, gW, gB;
            if (gx) gX = ops::conv2d_backward_input(gy, W.get(), xs, attrs, fmt);
            if (gw) gW = ops::conv2d_backward_weight(gy, X.get(), ws, attrs);
