@@ -88,7 +88,7 @@ std::atomic<int64_t> g_executions{0};
 std::mutex g_last_impl_mutex;
 std::string g_last_impl;
 
-void set_last_impl(const std::string& s) {
+[[maybe_unused]] void set_last_impl(const std::string& s) {  // unused in a build without oneDNN
   std::lock_guard<std::mutex> lk(g_last_impl_mutex);
   g_last_impl = s;
 }
