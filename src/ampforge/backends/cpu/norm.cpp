@@ -255,14 +255,18 @@ void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* 
     const int64_t R = sh.outer;
     const int64_t rows_per_block = std::max<int64_t>(1, kBlockElems / C);
     const int64_t nblk = (R + rows_per_block - 1) / rows_per_block;
-    std::vector<double> partial(static_cast<size_t>(nblk * 2 * C));
+    // Each block's two accumulator rows start on a 64-byte boundary: the row loop below adds into them row after
+    // row, and a vector store that straddles two cache lines is not forwarded to the next row's load.
+    const int64_t Cp = (C + 7) / 8 * 8;
+    std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
+    double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
     const int64_t tile = rows_per_tile(C);
     parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
       std::vector<A> abuf(static_cast<size_t>(C * tile)), bbuf(static_cast<size_t>(C * tile));
       for (int64_t blk = b0; blk < b1; ++blk) {
-        double* pu = partial.data() + blk * 2 * C;
-        double* puv = pu + C;
-        std::fill(pu, pu + 2 * C, 0.0);
+        double* pu = partial + blk * 2 * Cp;
+        double* puv = pu + Cp;
+        std::fill(pu, pu + 2 * Cp, 0.0);
         const int64_t r1 = std::min(R, (blk + 1) * rows_per_block);
         for (int64_t t = blk * rows_per_block; t < r1; t += tile) {
           const int64_t m = std::min(tile, r1 - t);
@@ -282,10 +286,10 @@ void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* 
       }
     });
     for (int64_t blk = 0; blk < nblk; ++blk) {
-      const double* pu = partial.data() + blk * 2 * C;
+      const double* pu = partial + blk * 2 * Cp;
       for (int64_t c = 0; c < C; ++c) {
         su[c] += pu[c];
-        suv[c] += pu[C + c];
+        suv[c] += pu[Cp + c];
       }
     }
     return;
