@@ -191,7 +191,7 @@ struct Problem {
   const Tensor* bias;    // forward only; may be null
   const Conv2dAttrs* a;
   int threads;
-  Variant variant;  // Winograd: falls back to Direct where oneDNN has no Winograd kernel for the problem
+  Variant variant;  // Blocked / Winograd fall back to Direct where oneDNN has no such kernel (or copy) for it
 
   // Everything but the variant: the key of a benchmark-mode choice.
   std::vector<int64_t> problem_key() const {
@@ -424,9 +424,9 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
 
 // The transient buffers of a call (scratchpad, reordered weights, blocked activations), kept per calling thread
 // and reused: each slot grows to the largest request it has seen and is never shrunk. Taking them from the heap
-// per call cost a sixth of a ResNet-50 step: buffers this size (up to tens of MB) are mmap'ed by glibc, so every
-// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32: 792 -> 654 ms per step, 285k ->
-// 68k page faults per run; YOLOv8n b2 640: 226 -> 179 ms; docs/PERFORMANCE.md). What a thread keeps is bounded by
+// per call cost a fifth of a ResNet-50 step: buffers this size (up to tens of MB) are mmap'ed by glibc, so every
+// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32 bench run: 792 -> 608-634 ms per
+// step, 285,242 -> 55,061 page faults per run, none left per step; docs/PERFORMANCE.md). What a thread keeps is bounded by
 // the largest convolution it ran, per slot: 71 MiB after ResNet-50 b8 224 fp32 and bf16 steps (scratchpad 44, weights
 // 9, image 12, output 6), 30 MiB after YOLOv8n b2 640 (onednn_scratch_bytes() reports it; outside the caching
 // allocator's statistics, next to its ~0.9 GiB peak for that ResNet-50 step).
@@ -610,8 +610,9 @@ std::shared_ptr<const Prim> benchmark(const Problem& p) {
 //   weight gradient  gw (Co, C)                = gy^T (Co, M) @ xs (M, C)
 // oneDNN's GEMM (dnnl::sgemm, AVX-512 kernels generated for the CPU, on the same OpenMP team) runs them without the
 // convolution primitive's weight reorders, and faster than its 1x1 backward kernels, most of all on YOLOv8's few
-// channels over many pixels (b2: 192 -> 64 channels at 80x80, input + weight gradient 3.9 -> 1.5 ms; ResNet-50 b8's
-// 1024 -> 256 at 14x14 4.4 -> 3.8 ms; docs/PERFORMANCE.md). At stride s, xs is gathered into a buffer first and the
+// channels over many pixels (b2: 192 -> 64 channels at 80x80, input + weight gradient 3.9 ms as convolution
+// primitives in a step against 1.5 ms for the GEMMs alone; ResNet-50 b8's 64 -> 256 at 56x56 weight gradient 3.5-3.9
+// against 2.9 ms; docs/PERFORMANCE.md). At stride s, xs is gathered into a buffer first and the
 // input gradient's rows are scattered from one (both M x C, a fraction 1/s^2 of x). The forward stays on the
 // convolution primitive, which was as fast or faster (64 -> 256 at 56x56: 1.8 against 2.0 ms). false: not such a
 // problem.
