@@ -61,6 +61,14 @@ const std::vector<ConvCase>& cases() {
   return c;
 }
 
+// Whether the implementation that ran the last problem (onednn_last_impl) names `part`, e.g. "wino" or "sgemm"; the
+// message names the implementation either way.
+::testing::AssertionResult last_impl_has(const char* part) {
+  const std::string impl = cpu::onednn_last_impl();
+  if (impl.find(part) != std::string::npos) return ::testing::AssertionSuccess() << "last implementation: " << impl;
+  return ::testing::AssertionFailure() << "last implementation '" << impl << "' does not name '" << part << "'";
+}
+
 struct ConvRun {
   Tensor y, gx, gw;
 };
@@ -245,11 +253,11 @@ TEST(OneDnnConv, WinogradWhereItPaysWithinTheF32Table) {
     ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
     ConvRun got;
     got.y = ops::conv2d(x, w, Tensor(), a);
-    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    EXPECT_TRUE(last_impl_has("wino")) << what;
     got.gx = ops::conv2d_backward_input(gy, w, x.shape(), a, of);
-    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    EXPECT_TRUE(last_impl_has("wino")) << what;
     got.gw = ops::conv2d_backward_weight(gy, x, w.shape(), a);
-    EXPECT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+    EXPECT_TRUE(last_impl_has("wino")) << what;
     EXPECT_TRUE(got.y.is_contiguous(of)) << what;
     expect_close(got.y, ref.y, what + " forward", 576.0 / 300);
     expect_close(got.gx, ref.gx, what + " grad_input", 576.0 / 300);
@@ -258,7 +266,7 @@ TEST(OneDnnConv, WinogradWhereItPaysWithinTheF32Table) {
       ScopedEnv direct("AMPFORGE_CPU_CONV_ALGO", "direct");
       ops::conv2d(x, w, Tensor(), a);
       if (mf == kNHWC) {
-        EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+        EXPECT_FALSE(last_impl_has("wino"));
       }
     }
   }
@@ -267,7 +275,7 @@ TEST(OneDnnConv, WinogradWhereItPaysWithinTheF32Table) {
     ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
     Tensor x = rnd(xs, DType::F32, kNHWC), w = rnd({xs[1], xs[1], 3, 3}, DType::F32);
     ops::conv2d(x, w, Tensor(), a);
-    EXPECT_EQ(cpu::onednn_last_impl().find("wino"), std::string::npos) << xs.str() << ": " << cpu::onednn_last_impl();
+    EXPECT_FALSE(last_impl_has("wino")) << xs.str();
   }
 }
 
@@ -294,7 +302,7 @@ TEST(OneDnnConv, TransientBuffersAreReusedAcrossCalls) {
     ops::conv2d_backward_weight(gy, x, w.shape(), a);
   };
   round();
-  ASSERT_NE(cpu::onednn_last_impl().find("wino"), std::string::npos) << cpu::onednn_last_impl();
+  ASSERT_TRUE(last_impl_has("wino"));
   const int64_t grows = cpu::onednn_scratch_grows(), bytes = cpu::onednn_scratch_bytes();
   // At least the two blocked activations (2 x 64 x 16 x 16 floats each) are held.
   EXPECT_GE(bytes, 2 * 2 * 64 * 16 * 16 * 4);
@@ -363,14 +371,14 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
       ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
       ConvRun got;
       got.y = ops::conv2d(x, w, Tensor(), a);
-      EXPECT_EQ(cpu::onednn_last_impl().find("sgemm"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+      EXPECT_FALSE(last_impl_has("sgemm")) << what;
       // Garbage in the input gradient's buffer must not survive where the strided kernel reads nothing.
       Tensor gx = Tensor::empty(x.shape(), DType::F32, kCPU, kNHWC);
       ops::copy_(gx, rnd(x.shape(), DType::F32, kNHWC));
       ASSERT_TRUE(cpu::onednn_conv2d_backward_input(gy, w, gx, a)) << what;
-      EXPECT_NE(cpu::onednn_last_impl().find("sgemm"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+      EXPECT_TRUE(last_impl_has("sgemm")) << what;
       got.gw = ops::conv2d_backward_weight(gy, x, w.shape(), a);
-      EXPECT_NE(cpu::onednn_last_impl().find("sgemm"), std::string::npos) << what << ": " << cpu::onednn_last_impl();
+      EXPECT_TRUE(last_impl_has("sgemm")) << what;
       // The kernel entry point writes a weight gradient of the weight's own strides.
       Tensor gw_view = w.stride(1) == 1 ? Tensor::empty(w.shape(), DType::F32, kCPU)
                                         : Tensor::empty({24, 40, 1, 1}, DType::F32, kCPU).transpose(0, 1);
@@ -381,7 +389,7 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
       expect_close(ops::contiguous(gw_view), ref.gw, what + " grad_weight through the view", 105.0 / 300);
       ScopedEnv direct("AMPFORGE_CPU_CONV_ALGO", "direct");
       ops::conv2d_backward_input(gy, w, x.shape(), a, of);
-      EXPECT_EQ(cpu::onednn_last_impl().find("sgemm"), std::string::npos) << cpu::onednn_last_impl();
+      EXPECT_FALSE(last_impl_has("sgemm"));
     }
   }
 }
