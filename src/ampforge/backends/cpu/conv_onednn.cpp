@@ -425,7 +425,7 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
 // The transient buffers of a call (scratchpad, reordered weights, blocked activations), kept per calling thread
 // and reused: each slot grows to the largest request it has seen and is never shrunk. Taking them from the heap
 // per call cost a fifth of a ResNet-50 step: buffers this size (up to tens of MB) are mmap'ed by glibc, so every
-// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32 bench run: 792 -> 608-634 ms per
+// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32 bench run: 792 -> 607-634 ms per
 // step, 285,242 -> 55,061 page faults per run, none left per step; docs/PERFORMANCE.md). What a thread keeps is bounded by
 // the largest convolution it ran, per slot: 71 MiB after ResNet-50 b8 224 fp32 and bf16 steps (scratchpad 44, weights
 // 9, image 12, output 6), 30 MiB after YOLOv8n b2 640 (onednn_scratch_bytes() reports it; outside the caching
