@@ -24,6 +24,17 @@ struct Capture {
   std::vector<Tensor> values;
 };
 
+// Whether the gradient sum so far, `acc`, may take the next gradient `g` in place: nothing but the engine's buffer
+// refers to it or to its memory (a gradient a node also keeps, hands to two inputs, or returns as a view of another
+// gradient is shared, and stays untouched), it has no autograd state, and g matches it in shape, dtype and device.
+// Saves the new buffer and its first-touch (read-for-ownership) traffic of an out-of-place add; the bits are the same.
+bool sole_owner(const Tensor& acc, const Tensor& g) {
+  const TensorImpl* a = acc.impl();
+  return acc.impl_ptr().use_count() == 1 && a->storage.use_count() == 1 && a->autograd == nullptr &&
+         acc.shape() == g.shape() && acc.dtype() == g.dtype() && acc.device() == g.device() && !acc.device().is_meta() &&
+         (acc.is_contiguous() || (acc.dim() == 4 && acc.is_contiguous(MemoryFormat::ChannelsLast)));
+}
+
 void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, bool retain_graph, Capture* capture) {
   NoGradGuard no_grad;  // backward formulas are not recorded (no double backward)
   std::unordered_map<Node*, int> deps;
@@ -54,7 +65,12 @@ void execute(const std::vector<Edge>& roots, const std::vector<Tensor>& seeds, b
     Grads& buf = buffers[n];
     if (buf.size() < n->num_outputs) buf.resize(n->num_outputs);
     if (!g.defined()) return;
-    buf[slot] = buf[slot].defined() ? ops::add(buf[slot], g) : g;
+    if (!buf[slot].defined())
+      buf[slot] = g;
+    else if (sole_owner(buf[slot], g))
+      ops::add_(buf[slot], g);
+    else
+      buf[slot] = ops::add(buf[slot], g);
   };
   std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
   for (size_t i = 0; i < roots.size(); ++i) {

@@ -123,6 +123,28 @@ TEST(AutogradNonLeaf, RetainGradRunsAfterTheHooks) {
   EXPECT_EQ(values(y.grad()), (std::vector<float>{5}));
 }
 
+// Gradients meeting at one input are summed into the first one in place when nothing else refers to it (engine.cpp,
+// sole_owner). A gradient handed to two inputs (an add's backward gives both the same tensor) must stay as it was:
+// here `a` collects the add's gradient, which q's branch also holds, plus 3 * w2 from a second use; q's gradient, and
+// so p2's, must still be w.
+TEST(AutogradEngine, SummingIntoASharedGradientLeavesItsOtherUsersAlone) {
+  Tensor p = Tensor::from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor p2 = Tensor::from_vector<float>({4, 5, 6}).requires_grad_();
+  const Tensor w = Tensor::from_vector<float>({1, 10, 100}), w2 = Tensor::from_vector<float>({2, 20, 200});
+  Tensor q = mul(p2, 1.0);
+  Tensor a = mul(p, 1.0);
+  Tensor s = add(a, q);
+  Tensor a3 = mul(a, 3.0);
+  add(sum(mul(s, w)), sum(mul(a3, w2))).backward();
+  EXPECT_EQ(values(p2.grad()), (std::vector<float>{1, 10, 100}));
+  EXPECT_EQ(values(p.grad()), (std::vector<float>{7, 70, 700}));
+  // The same input twice from one node (x + x: both operands are the same tensor), and a chain of in-place sums.
+  Tensor x = Tensor::from_vector<float>({1, 2}).requires_grad_();
+  Tensor u = mul(x, 1.0);
+  sum(add(add(add(u, u), mul(u, 2.0)), u)).backward();
+  EXPECT_EQ(values(x.grad()), (std::vector<float>{5, 5}));
+}
+
 TEST(AutogradEngine, GradientOnAnotherDeviceIsAnError) {
   // A user-written backward that returns its gradient on the wrong device (labelled CUDA: no GPU is
   // needed, the engine must refuse before anything touches the memory).
