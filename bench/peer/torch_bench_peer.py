@@ -4,6 +4,7 @@
     python3 torch_bench_peer.py --model cnn|resnet50|... --precision fp32|tf32|fp16|bf16 --batch B
                                 [--image-size S] [--seq-len L] --steps N --warmup W [--device cpu|cuda[:N]]
                                 [--threads T] [--optimizer sgd|adamw] [--memory-format nchw|channels_last|both]
+                                [--serve]
 
 The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
 fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through torch.cuda.amp.GradScaler for fp16),
@@ -123,7 +124,8 @@ def build(name, a, memory_format):
     raise ValueError(f"the peer has no reference model for '{name}'")
 
 
-def run(a, memory_format):
+def prepare(a, memory_format):
+    """The model, optimizer and one training step of `a` in `memory_format`: (step, parameters, losses, cuda)."""
     torch.manual_seed(0)
     model, batch, loss_fn = build(a.model, a, memory_format)
     model.train()
@@ -156,7 +158,26 @@ def run(a, memory_format):
         scaler.step(opt)
         scaler.update()
         losses.append(loss.detach())
+    return step, params, losses, cuda
 
+
+def timed_cpu_step(step):
+    t0, c0 = time.perf_counter(), time.process_time()
+    step()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def summary(times, cpu, params, losses, batch):
+    med = statistics.median(times)
+    out = {"seconds": times, "median": med, "mean": statistics.fmean(times), "samples_per_sec": batch / med,
+           "parameters": params, "last_loss": float(losses[-1].float().cpu())}
+    if cpu:
+        out["cpu_median"] = statistics.median(cpu)
+    return out
+
+
+def run(a, memory_format):
+    step, params, losses, cuda = prepare(a, memory_format)
     for _ in range(a.warmup):
         step()
     times, cpu = [], []
@@ -172,19 +193,43 @@ def run(a, memory_format):
         times = [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(a.steps)]
     else:
         for _ in range(a.steps):
-            t0, c0 = time.perf_counter(), time.process_time()
-            step()
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    med = statistics.median(times)
-    out = {"seconds": times, "median": med, "mean": statistics.fmean(times), "samples_per_sec": a.batch / med,
-           "parameters": params, "last_loss": float(losses[-1].float().cpu())}
-    if cpu:
-        out["cpu_median"] = statistics.median(cpu)
+            t, c = timed_cpu_step(step)
+            times.append(t)
+            cpu.append(c)
+    out = summary(times, cpu, params, losses, a.batch)
     if cuda:
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     return out
+
+
+def serve(a, formats, out):
+    """--serve (CPU): one step per format for each "step" line on stdin, so that the caller can interleave its own
+    steps with ours and both sides are timed in the same seconds of a machine whose speed drifts. Prints one JSON
+    line when ready (after the warm-up steps), one per "step" ({"seconds": {format: s}}), and the usual result
+    object (all formats' steps, "best") at "quit" or end of input."""
+    if a.device != "cpu":
+        raise ValueError("--serve is for the CPU (CUDA steps are timed with CUDA events, in one process)")
+    sides = {}
+    for fmt in formats:
+        step, params, losses, _ = prepare(a, fmt)
+        for _ in range(a.warmup):
+            step()
+        sides[fmt] = (step, params, losses, [], [])
+    print(json.dumps({"ready": True, "formats": formats}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        got = {}
+        for fmt, (step, _, _, times, cpu) in sides.items():
+            t, c = timed_cpu_step(step)
+            times.append(t)
+            cpu.append(c)
+            got[fmt] = t
+        print(json.dumps({"seconds": got}), flush=True)
+    for fmt, (_, params, losses, times, cpu) in sides.items():
+        if times:
+            out["results"][fmt] = summary(times, cpu, params, losses, a.batch)
 
 
 def main():
@@ -200,6 +245,8 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--memory-format", choices=["nchw", "channels_last", "both"], default="both")
+    p.add_argument("--serve", action="store_true",
+                   help="CPU: after the warm-up, time one step per memory format for each 'step' line on stdin")
     a = p.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -210,8 +257,13 @@ def main():
     if a.model in BERT:
         formats = ["default"]  # token ids: no memory format
     try:
-        for fmt in formats:
-            out["results"][fmt] = run(a, fmt)
+        if a.serve:
+            serve(a, formats, out)
+        else:
+            for fmt in formats:
+                out["results"][fmt] = run(a, fmt)
+        if not out["results"]:
+            raise ValueError("no step was timed")
         out["best"] = min(out["results"], key=lambda k: out["results"][k]["median"])
     except (RuntimeError, ValueError, AssertionError) as e:
         out["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]

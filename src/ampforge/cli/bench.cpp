@@ -68,6 +68,7 @@ struct BenchFlags {
   int64_t image_size = 0, seq_len = 0;
   int warmup = -1, steps = -1, threads = 0;
   bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
+  bool interleave = false;  // --interleave
   double peer_timeout = 1800;
   CollectiveBenchOptions coll;
 };
@@ -135,9 +136,9 @@ std::string find_peer_python(const std::string& flag, std::string* torch_version
   return "";
 }
 
-BenchSide peer_cell(const std::string& python, const std::string& model, const std::string& precision, int64_t batch,
-                    int64_t size, bool seq, const BenchFlags& f, int warmup, int steps, int threads,
-                    std::string* gpu_name) {
+std::vector<std::string> peer_argv(const std::string& python, const std::string& model, const std::string& precision,
+                                   int64_t batch, int64_t size, bool seq, const BenchFlags& f, int warmup, int steps,
+                                   int threads) {
   std::vector<std::string> argv = {python, peer_script(), "--model", model, "--precision", precision,
                                    "--batch", std::to_string(batch), "--steps", std::to_string(steps),
                                    "--warmup", std::to_string(warmup), "--device", f.device,
@@ -146,13 +147,17 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
     argv.push_back(seq ? "--seq-len" : "--image-size");
     argv.push_back(std::to_string(size));
   }
+  return argv;
+}
+
+// The peer's result object (its best memory format) as a BenchSide, or what went wrong.
+BenchSide parse_peer_result(const hw::SubprocessResult& r, const std::string& script, int64_t batch,
+                            const BenchFlags& f, std::string* gpu_name) {
   BenchSide s;
-  const hw::SubprocessResult r = hw::run_subprocess(argv, f.peer_timeout);
   if (!r.started || r.timed_out || r.exit_code != 0) {
     s.error = !r.started ? "could not start: " + r.error
               : r.timed_out ? fmt::format("timed out after {:.0f} s", f.peer_timeout)
-                            : fmt::format("the peer script exited with code {} (run {} by hand)", r.exit_code,
-                                          argv[1]);
+                            : fmt::format("the peer script exited with code {} (run {} by hand)", r.exit_code, script);
     return s;
   }
   nlohmann::json j;
@@ -182,6 +187,56 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
   if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b["peak_reserved_bytes"].get<int64_t>();
   return s;
 }
+
+BenchSide peer_cell(const std::string& python, const std::string& model, const std::string& precision, int64_t batch,
+                    int64_t size, bool seq, const BenchFlags& f, int warmup, int steps, int threads,
+                    std::string* gpu_name) {
+  const std::vector<std::string> argv = peer_argv(python, model, precision, batch, size, seq, f, warmup, steps, threads);
+  return parse_peer_result(hw::run_subprocess(argv, f.peer_timeout), argv[1], batch, f, gpu_name);
+}
+
+// --interleave (CPU): the peer runs as a second process beside ours, warmed up, and takes one step (per memory
+// format) after each of our timed steps, so both sides are timed in the same seconds. Between the two sides a short
+// pause lets the other process's OpenMP threads stop spinning (libgomp spins for milliseconds after a region), so
+// neither side's step shares the cores with the other's idle threads.
+class InterleavedPeer {
+ public:
+  static constexpr int kPauseMs = 40;
+
+  InterleavedPeer(const std::vector<std::string>& argv, const BenchFlags& f) : f_(f), script_(argv[1]) {
+    std::vector<std::string> a = argv;
+    a.push_back("--serve");
+    proc_ = std::make_unique<hw::Subprocess>(a, false, true);
+    if (!proc_->started()) return;
+    const std::optional<std::string> line = proc_->read_line(f.peer_timeout);
+    ready_ = line && line->find("\"ready\"") != std::string::npos;
+  }
+
+  // One peer step per memory format, after one of ours; false (and the peer's result says why) when it stopped.
+  bool step() {
+    if (!ready_) return false;
+    pause();
+    std::optional<std::string> line;
+    if (proc_->write_line("step")) line = proc_->read_line(f_.peer_timeout);
+    if (!line || line->find("\"seconds\"") == std::string::npos) ready_ = false;
+    pause();
+    return ready_;
+  }
+
+  BenchSide finish(int64_t batch, std::string* gpu_name) {
+    if (ready_) proc_->write_line("quit");
+    const hw::SubprocessResult r = proc_->wait(f_.peer_timeout);
+    return parse_peer_result(r, script_, batch, f_, gpu_name);
+  }
+
+ private:
+  static void pause() { ::usleep(kPauseMs * 1000); }
+
+  const BenchFlags& f_;
+  std::string script_;
+  std::unique_ptr<hw::Subprocess> proc_;
+  bool ready_ = false;
+};
 
 // --max-batch: the largest batch of the row's model, precision and input that fits `budget`, found by the fit
 // finder's search (memory/fit.h) over probes on the meta device standing for the bench's device type (its
@@ -306,6 +361,11 @@ int run_bench(const BenchFlags& f) {
     AF_CHECK(!peer_python.empty() || f.peer == "auto", "--peer {}: cannot import torch ({})", f.peer, why);
     rep.peer_python = peer_python;
   }
+  AF_CHECK(!f.interleave || !dev.is_cuda(),
+           "--interleave is for the CPU, whose speed drifts between runs (CUDA steps are timed with CUDA events)");
+  AF_CHECK(!f.interleave || f.peer != "none", "--interleave interleaves the peer's steps with ours: not with --peer none");
+  const bool interleave = f.interleave && !peer_python.empty();
+  rep.interleaved = interleave;
   rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
                         : "reduced for a CPU (--full for the brief's): ";
   bool first_size = true;
@@ -338,6 +398,7 @@ int run_bench(const BenchFlags& f) {
         if (round > 0) std::fprintf(stderr, "\n");
         row.ours = BenchSide{};
         row.peer.reset();
+        std::unique_ptr<InterleavedPeer> inter;
         std::fprintf(stderr, "bench [%d/%d] %s %s batch %lld%s: ampforge ...", cell, total_cells, m.c_str(), p.c_str(),
                      static_cast<long long>(sz.batch),
                      f.rounds > 1 ? fmt::format(" (round {}/{})", round + 1, f.rounds).c_str() : "");
@@ -359,8 +420,16 @@ int run_bench(const BenchFlags& f) {
           bo.cuda_graphs = f.cuda_graphs;
           bo.recompute = f.recompute;
           bo.profile = f.profile && round == 0;
-          bo.on_step = [](int done, int all) {
+          // --interleave: the peer starts (and warms up) first, then steps after each of our timed steps.
+          if (interleave) {
+            std::fprintf(stderr, " (PyTorch interleaved, warming up ...)");
+            std::fflush(stderr);
+            inter = std::make_unique<InterleavedPeer>(
+                peer_argv(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads), f);
+          }
+          bo.on_step = [&, warmup = rep.warmup](int done, int all) {
             std::fprintf(stderr, " %d/%d", done, all);
+            if (inter && done > warmup) inter->step();
             std::fflush(stderr);
           };
           const train::BenchmarkResult r = train::benchmark_training(w, bo);
@@ -386,7 +455,11 @@ int run_bench(const BenchFlags& f) {
           row.ours.error = e.what();
           std::fprintf(stderr, " failed");
         }
-        if (!peer_python.empty()) {
+        if (inter) {
+          row.peer = inter->finish(sz.batch, &rep.device_name);
+          inter.reset();
+          std::fprintf(stderr, "; PyTorch%s", row.peer->ok ? fmt::format(" {:.1f} samples/s", row.peer->samples_per_sec).c_str() : " failed");
+        } else if (!peer_python.empty()) {
           std::fprintf(stderr, "; PyTorch ...");
           std::fflush(stderr);
           row.peer = peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
@@ -458,6 +531,9 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--batch", f->batches, "Per-model batch sizes: MODEL=N[,MODEL=N...] (default: see --full)");
   sub->add_option("--image-size", f->image_size, "Square image size for image models (default: per model)");
   sub->add_option("--seq-len", f->seq_len, "Sequence length for sequence models (default: per model)");
+  sub->add_flag("--interleave", f->interleave,
+                "CPU: run the peer beside ampforge and time one PyTorch step after each of ampforge's, so both are "
+                "measured in the same seconds of a machine whose speed drifts (docs/BENCH.md)");
   sub->add_option("--rounds", f->rounds,
                   "Measure each cell N times, ampforge and the peer alternating, and keep the round with the median "
                   "ratio (for machines whose speed drifts; every round's ratio is listed)")

@@ -187,6 +187,46 @@ TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
   EXPECT_EQ(run_ampforge("bench --models cnn --rounds 0 --peer none", false).code, 2);
 }
 
+// --interleave: the peer runs beside ampforge (--serve), announces it is warmed up, and takes exactly one step per
+// timed step of ours (none in the warm-up); its result object ends the conversation. A peer that dies mid-way is a
+// failed peer cell, not a hang; --interleave without a peer is a usage error.
+TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
+  const fs::path py = tmp("fake_python_serve"), count = tmp("serve_steps");
+  fs::remove(count);
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\n"
+         "if [ \"$1\" = \"-c\" ]; then echo 9.9.9-fake; exit 0; fi\n"
+         "case \"$*\" in *--serve*) ;; *) exit 3;; esac\n"
+         "case \"$*\" in *\"--precision bf16\"*) echo '{\"ready\": true}'; read l; exit 7;; esac\n"
+         "echo '{\"ready\": true, \"formats\": [\"nchw\"]}'\n"
+         "n=0\n"
+         "while read l; do [ \"$l\" = step ] || break; n=$((n + 1)); echo '{\"seconds\": {\"nchw\": 0.25}}'; done\n"
+         "echo $n > " << count.string() << "\n"
+         "echo '{\"torch\": \"9.9.9-fake\", \"results\": {\"nchw\": {\"seconds\": [0.25, 0.25, 0.25], \"median\": 0.25, "
+         "\"mean\": 0.25, \"samples_per_sec\": 32.0, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}'\n";
+  }
+  ::chmod(py.c_str(), 0755);
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,bf16 --batch cnn=8 --warmup 1 --steps 3 "
+                                   "--threads 1 --interleave --json --peer " + py.string(), false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["settings"]["interleaved"], true);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const auto& fp32 = j["rows"][0];
+  EXPECT_EQ(fp32["peer"]["samples_per_sec"], 32.0) << fp32;
+  EXPECT_NEAR(fp32["ratio"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 32.0, 1e-9);
+  EXPECT_EQ(fp32["ampforge"]["step_seconds"].size(), 3u);
+  EXPECT_EQ(slurp(count), "3\n") << "one peer step per timed step of ours, none in the warm-up";
+  const auto& bf16 = j["rows"][1];
+  EXPECT_TRUE(bf16["peer"].contains("error")) << bf16;
+  EXPECT_TRUE(bf16["ratio"].is_null());
+  EXPECT_FALSE(bf16["ampforge"].contains("error"));
+  const CmdResult none = run_ampforge("bench --models cnn --interleave --peer none");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.out.find("--interleave"), std::string::npos) << none.out;
+}
+
 TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
   // TF32 is a CUDA mode: on the CPU that cell fails with the reason, and with no cell measured the exit is 1.
   const CmdResult r = run_ampforge("bench --models cnn --precisions tf32 --warmup 0 --steps 1 --peer none --json", false);
@@ -200,7 +240,7 @@ TEST(BenchCli, HelpAndUsageErrors) {
   const CmdResult h = run_ampforge("bench --help");
   EXPECT_EQ(h.code, 0);
   for (const char* flag : {"--models", "--precisions", "--device", "--batch", "--peer", "--json", "--markdown", "--svg",
-                           "--cuda-graphs", "--full"})
+                           "--cuda-graphs", "--full", "--interleave"})
     EXPECT_NE(h.out.find(flag), std::string::npos) << flag;
   struct Case {
     const char* args;

@@ -104,8 +104,11 @@ std::string header_lines(const BenchReport& r) {
   if (!r.blas_core.empty())
     s += fmt::format("\nCPU BLAS: {}, {} kernels (chosen by {}; the peer loads the same library and kernels)",
                      r.blas_library, r.blas_core, r.blas_source);
-  if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format",
-                                              r.peer_torch, r.peer_python);
+  if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format{}",
+                                              r.peer_torch, r.peer_python,
+                                              r.interleaved ? "; interleaved: one PyTorch step (per memory format) "
+                                                              "after each of ampforge's, both in the same seconds"
+                                                            : "");
   if (r.max_batch_budget > 0)
     s += fmt::format("\nmax batch: the largest batch whose training step fits {:.2f} GiB, planned on the {}",
                      static_cast<double>(r.max_batch_budget) / static_cast<double>(int64_t{1} << 30),
@@ -131,7 +134,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
                                                    {"source", r.blas_source}};
   j["settings"] = {{"warmup", r.warmup},         {"steps", r.steps},
                    {"optimizer", r.optimizer},   {"channels_last", r.channels_last},
-                   {"cuda_graphs", r.cuda_graphs}, {"full", r.full}, {"recompute", r.recompute},
+                   {"cuda_graphs", r.cuda_graphs}, {"full", r.full}, {"recompute", r.recompute}, {"interleaved", r.interleaved},
                    {"sizes", r.sizes_note}};
   j["settings"]["max_batch"] = r.max_batch_budget > 0 ? nlohmann::json{{"budget_bytes", r.max_batch_budget},
                                                                         {"planner", r.max_batch_planner}}

@@ -65,6 +65,7 @@ struct BenchReport {
   int threads = 0, warmup = 0, steps = 0;
   std::string optimizer;
   bool channels_last = true, cuda_graphs = false, full = false, recompute = false;
+  bool interleaved = false;  // --interleave: the peer stepped after each of ampforge's timed steps
   std::string sizes_note;  // e.g. "reduced CPU sizes (--full for the brief's)"
   std::vector<std::string> unavailable_models;  // asked for by default but not in this build
   int64_t max_batch_budget = 0;   // --max-batch --budget, bytes; 0: no max-batch column

@@ -209,6 +209,37 @@ TEST(HwSubprocess, DeadlineKillsTheProcessGroup) {
   EXPECT_FALSE(missing.started);
 }
 
+// The conversation `ampforge bench --interleave` has with its peer: a line in, a line out, then end of input lets the
+// program finish and print the rest; a program that died takes writes without a SIGPIPE, and a silent one times out.
+TEST(HwSubprocess, InteractiveLinesBothWays) {
+  Subprocess p({"sh", "-c", "while read l; do [ \"$l\" = quit ] && break; echo \"got $l\"; done; echo extra; echo end"},
+               false, true);
+  ASSERT_TRUE(p.started());
+  ASSERT_TRUE(p.write_line("a b"));
+  EXPECT_EQ(p.read_line(5).value_or("<none>"), "got a b");
+  ASSERT_TRUE(p.write_line("c"));
+  EXPECT_EQ(p.read_line(5).value_or("<none>"), "got c");
+  ASSERT_TRUE(p.write_line("quit"));
+  EXPECT_EQ(p.read_line(5).value_or("<none>"), "extra");
+  const SubprocessResult r = p.wait(5);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "end\n");
+
+  Subprocess dead({"sh", "-c", "exit 0"}, false, true);
+  ASSERT_TRUE(dead.started());
+  EXPECT_FALSE(dead.read_line(5).has_value());  // end of output
+  EXPECT_FALSE(dead.timed_out());
+  bool wrote = true;
+  for (int i = 0; i < 50 && wrote; ++i) wrote = dead.write_line(std::string(4096, 'x'));  // no SIGPIPE kills us
+  EXPECT_FALSE(wrote);
+
+  Subprocess silent({"sh", "-c", "sleep 30"}, false, true);
+  const Stopwatch sw;
+  EXPECT_FALSE(silent.read_line(0.2).has_value());
+  EXPECT_TRUE(silent.timed_out());
+  EXPECT_LT(sw.seconds(), 3);
+}
+
 MonitorSample sample(double t, unsigned temp, uint64_t reasons) {
   MonitorSample s;
   s.elapsed_s = t;

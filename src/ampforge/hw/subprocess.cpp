@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,7 +45,7 @@ std::string find_in_path(const std::string& program) {
   return {};
 }
 
-Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr) {
+Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr, bool interactive) {
   start_s_ = now_s();
   if (argv.empty()) {
     result_.error = "no program given";
@@ -60,9 +61,21 @@ Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr) 
     result_.error = std::string("pipe: ") + std::strerror(errno);
     return;
   }
+  // Interactive stdin is a socket pair, not a pipe: send(MSG_NOSIGNAL) to a program that died returns EPIPE
+  // instead of raising SIGPIPE in this process.
+  int in[2] = {-1, -1};
+  if (interactive && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    result_.error = std::string("socketpair: ") + std::strerror(errno);
+    return;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  if (interactive)
+    posix_spawn_file_actions_adddup2(&actions, in[1], 0);
+  else
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
   if (merge_stderr)
     posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
@@ -89,17 +102,60 @@ Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr) 
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(fds[1]);
+  if (in[1] >= 0) ::close(in[1]);
   if (rc != 0) {
     ::close(fds[0]);
+    if (in[0] >= 0) ::close(in[0]);
     result_.error = exe + ": " + std::strerror(rc);
     return;
   }
   pid_ = pid;
   fd_ = fds[0];
+  in_fd_ = in[0];
   result_.started = true;
 }
 
+bool Subprocess::write_line(const std::string& line) {
+  if (in_fd_ < 0) return false;
+  const std::string msg = line + "\n";
+  size_t sent = 0;
+  while (sent < msg.size()) {
+    const ssize_t n = ::send(in_fd_, msg.data() + sent, msg.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+std::optional<std::string> Subprocess::read_line(double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  char buf[4096];
+  while (true) {
+    if (const size_t nl = pending_.find('\n'); nl != std::string::npos) {
+      std::string line = pending_.substr(0, nl);
+      pending_.erase(0, nl + 1);
+      return line;
+    }
+    if (fd_ < 0) return std::nullopt;
+    const double left = deadline - now_s();
+    if (left <= 0) {
+      result_.timed_out = true;
+      return std::nullopt;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;
+    const ssize_t got = ::read(fd_, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return std::nullopt;  // end of output; wait() collects the exit status
+    if (pending_.size() < kMaxOutput) pending_.append(buf, static_cast<size_t>(got));
+  }
+}
+
 Subprocess::~Subprocess() {
+  if (in_fd_ >= 0) ::close(in_fd_);
   if (pid_ > 0) {
     ::kill(-pid_, SIGKILL);
     int status = 0;
@@ -109,7 +165,13 @@ Subprocess::~Subprocess() {
 }
 
 SubprocessResult Subprocess::wait(double timeout_s) {
+  if (in_fd_ >= 0) {  // end of input: an interactive program finishes
+    ::close(in_fd_);
+    in_fd_ = -1;
+  }
   if (pid_ <= 0) return result_;
+  result_.out = std::move(pending_);
+  pending_.clear();
   char buf[4096];
   while (fd_ >= 0) {
     const double left = start_s_ + timeout_s - now_s();

@@ -2,6 +2,7 @@
 // Python (an import that hangs on a dead NFS mount, a CUDA init that never returns) must not hang doctor.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,19 +17,32 @@ struct SubprocessResult {
   std::string error;
 };
 
-// Starts argv[0] (searched in PATH) in its own process group with stdin from /dev/null.
+// Starts argv[0] (searched in PATH) in its own process group with stdin from /dev/null, or, when `interactive`,
+// from a connection this object writes lines to (a conversation: `ampforge bench --interleave` asks its PyTorch
+// peer for one step at a time).
 class Subprocess {
  public:
-  Subprocess(const std::vector<std::string>& argv, bool merge_stderr);
+  Subprocess(const std::vector<std::string>& argv, bool merge_stderr, bool interactive = false);
   ~Subprocess();  // kills the process group if still running
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
-  // Collects output until the program exits or `timeout_s` (counted from construction) passes.
+  bool started() const { return result_.started; }
+  const std::string& error() const { return result_.error; }
+  // Interactive only: sends `line` and a newline to the program's stdin; false when it is gone (never SIGPIPE).
+  bool write_line(const std::string& line);
+  // The program's next stdout line (without the newline), waiting at most `timeout_s`; nullopt at end of output
+  // or timeout (timed_out() says which).
+  std::optional<std::string> read_line(double timeout_s);
+  bool timed_out() const { return result_.timed_out; }
+  // Collects output until the program exits or `timeout_s` (counted from construction) passes. Interactive: its
+  // stdin is closed first (end of input), and output read_line did not return comes first in `out`.
   SubprocessResult wait(double timeout_s);
 
  private:
   int pid_ = -1;
   int fd_ = -1;
+  int in_fd_ = -1;        // interactive: our end of the program's stdin
+  std::string pending_;  // read but not yet returned by read_line
   double start_s_ = 0;
   SubprocessResult result_;
 };
