@@ -42,18 +42,6 @@ inline void stream_store_f32(float* dst, const float* src, int64_t n) {
   std::copy(src, src + n, dst);
 #endif
 }
-// The same for any dst alignment and any src (unaligned loads): normal stores up to dst's first 32-byte boundary.
-inline void stream_store_f32_unaligned(float* dst, const float* src, int64_t n) {
-#if defined(__AVX__)
-  const auto mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(dst) / sizeof(float)) % 8);
-  int64_t i = std::min<int64_t>(n, mis == 0 ? 0 : 8 - mis);
-  std::copy(src, src + i, dst);
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-#else
-  std::copy(src, src + n, dst);
-#endif
-}
 inline void stream_fence() {
 #if defined(__AVX__)
   _mm_sfence();

@@ -410,16 +410,13 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
     const int64_t tile = rows_per_tile(C);
     const std::vector<A> alt = tiled(alpha, C, tile), gat = tiled(gamma, C, tile);
     const std::vector<A> bet = kTwo ? tiled(beta, C, tile) : std::vector<A>(), kbt = kTwo ? tiled(kb, C, tile) : std::vector<A>();
-    // Outputs too large to stay in cache are streamed past it (loops.h, kStreamingStoreBytes): ResNet-50's 64- and
-    // 256-channel tensors at batch 8, 25.7 MB each, whose lines a normal store first reads from memory.
-    const bool streaming = std::is_same_v<S, float> && sh.count() * C * int64_t{sizeof(S)} >= kStreamingStoreBytes;
     parallel_for(sh.outer, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
       std::vector<A> abuf(static_cast<size_t>(C * tile)), bbuf(static_cast<size_t>(C * tile)),
           obuf(static_cast<size_t>(C * tile));
       for (int64_t r = r0; r < r1; r += tile) {
         const int64_t n = std::min(tile, r1 - r) * C;
         const A* ar = load_a(r * C, n, -1, abuf.data());
-        A* o = std::is_same_v<S, A> && !streaming ? reinterpret_cast<A*>(out + r * C) : obuf.data();
+        A* o = std::is_same_v<S, A> ? reinterpret_cast<A*>(out + r * C) : obuf.data();
         if constexpr (kTwo) {
           const A* br = as_compute<S, A>(b + r * C, bbuf.data(), n);
           for (int64_t i = 0; i < n; ++i) o[i] = ar[i] * alt[i] + (br[i] - kbt[i]) * bet[i] + gat[i];
@@ -431,12 +428,8 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
           }
           act_n<kAct>(o, bbuf.data(), n);
         }
-        if constexpr (!std::is_same_v<S, A>)
-          store_n<S, A>(o, out + r * C, n);
-        else if constexpr (std::is_same_v<S, float>)
-          if (streaming) stream_store_f32_unaligned(out + r * C, o, n);
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(o, out + r * C, n);
       }
-      if (streaming) stream_fence();
     });
     return;
   }
