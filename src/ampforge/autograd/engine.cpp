@@ -31,7 +31,7 @@ struct Capture {
 bool sole_owner(const Tensor& acc, const Tensor& g) {
   const TensorImpl* a = acc.impl();
   return acc.impl_ptr().use_count() == 1 && a->storage.use_count() == 1 && a->autograd == nullptr &&
-         acc.shape() == g.shape() && acc.dtype() == g.dtype() && acc.device() == g.device() && !acc.device().is_meta() &&
+         acc.shape() == g.shape() && acc.dtype() == g.dtype() && acc.device() == g.device() &&
          (acc.is_contiguous() || (acc.dim() == 4 && acc.is_contiguous(MemoryFormat::ChannelsLast)));
 }
 
