@@ -212,15 +212,15 @@ class InterleavedPeer {
     ready_ = line && line->find("\"ready\"") != std::string::npos;
   }
 
-  // One peer step per memory format, after one of ours; false (and the peer's result says why) when it stopped.
-  bool step() {
-    if (!ready_) return false;
+  // One peer step per memory format, after one of ours. A peer that stopped answering takes no more steps; its
+  // exit status, read by finish(), says why.
+  void step() {
+    if (!ready_) return;
     pause();
     std::optional<std::string> line;
     if (proc_->write_line("step")) line = proc_->read_line(f_.peer_timeout);
     if (!line || line->find("\"seconds\"") == std::string::npos) ready_ = false;
     pause();
-    return ready_;
   }
 
   BenchSide finish(int64_t batch, std::string* gpu_name) {

@@ -128,29 +128,39 @@ bool Subprocess::write_line(const std::string& line) {
   return true;
 }
 
+Subprocess::Read Subprocess::read_more(std::string& into, double deadline) {
+  char buf[4096];
+  while (fd_ >= 0) {
+    const double left = deadline - now_s();
+    if (left <= 0) {
+      result_.timed_out = true;
+      return Read::Timeout;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (n <= 0) continue;  // EINTR, or poll's rounding before the deadline
+    const ssize_t got = ::read(fd_, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;  // EOF: the program closed stdout (normally: it exited)
+    if (into.size() < kMaxOutput) into.append(buf, static_cast<size_t>(got));
+    return Read::Data;
+  }
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return Read::Eof;
+}
+
 std::optional<std::string> Subprocess::read_line(double timeout_s) {
   const double deadline = now_s() + timeout_s;
-  char buf[4096];
   while (true) {
     if (const size_t nl = pending_.find('\n'); nl != std::string::npos) {
       std::string line = pending_.substr(0, nl);
       pending_.erase(0, nl + 1);
       return line;
     }
-    if (fd_ < 0) return std::nullopt;
-    const double left = deadline - now_s();
-    if (left <= 0) {
-      result_.timed_out = true;
-      return std::nullopt;
-    }
-    pollfd p{fd_, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    const ssize_t got = ::read(fd_, buf, sizeof(buf));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return std::nullopt;  // end of output; wait() collects the exit status
-    if (pending_.size() < kMaxOutput) pending_.append(buf, static_cast<size_t>(got));
+    if (read_more(pending_, deadline) != Read::Data) return std::nullopt;  // wait() collects the exit status
   }
 }
 
@@ -172,25 +182,8 @@ SubprocessResult Subprocess::wait(double timeout_s) {
   if (pid_ <= 0) return result_;
   result_.out = std::move(pending_);
   pending_.clear();
-  char buf[4096];
-  while (fd_ >= 0) {
-    const double left = start_s_ + timeout_s - now_s();
-    if (left <= 0) {
-      result_.timed_out = true;
-      break;
-    }
-    pollfd p{fd_, POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(left * 1000) + 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    ssize_t got = ::read(fd_, buf, sizeof(buf));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {  // EOF: the program closed stdout (normally: it exited)
-      ::close(fd_);
-      fd_ = -1;
-      break;
-    }
-    if (result_.out.size() < kMaxOutput) result_.out.append(buf, static_cast<size_t>(got));
+  // Output until EOF or the deadline (none left to wait for when a read_line already timed out).
+  while (!result_.timed_out && read_more(result_.out, start_s_ + timeout_s) == Read::Data) {
   }
   int status = 0;
   if (!result_.timed_out) {

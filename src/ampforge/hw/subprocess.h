@@ -39,6 +39,11 @@ class Subprocess {
   SubprocessResult wait(double timeout_s);
 
  private:
+  enum class Read { Data, Eof, Timeout };
+  // Waits for the program's stdout until `deadline` (seconds on the steady clock of now_ns) and appends one read to
+  // `into` (at most 1 MiB in all); at EOF closes it, at the deadline marks the result timed out.
+  Read read_more(std::string& into, double deadline);
+
   int pid_ = -1;
   int fd_ = -1;
   int in_fd_ = -1;        // interactive: our end of the program's stdin

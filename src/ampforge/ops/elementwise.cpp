@@ -8,8 +8,8 @@ namespace ampforge::ops {
 MemoryFormat output_format(const Tensor& a, const Shape& out_shape) {
   // image_memory_format, not suggest_memory_format: a channel slice of a channels-last image (YOLOv8's C2f
   // split, the slices of a concatenation's gradient) is dense in neither layout, and a Contiguous result of
-  // two such slices then met channels-last gradients in the next add, a transposing add at a third of the
-  // speed (YOLOv8n: 5 such adds, ~3.5 ms of a 220 ms step).
+  // two such slices then met channels-last gradients in the next add, a transposing add (YOLOv8n b2 640: the
+  // engine's gradient sums 9.7 -> 7.2 ms per step with this; docs/PERFORMANCE.md).
   if (a.shape() == out_shape && out_shape.size() == 4) return image_memory_format(a);
   return MemoryFormat::Contiguous;
 }
@@ -63,7 +63,7 @@ Tensor unary(OpId op, const Tensor& x_in, const void* attrs) {
   Tensor x = x_in;
   if (is_float_only(op) && !x.is_floating_point()) x = to_dtype(x, DType::F32);
   AF_CHECK(x.dtype() != DType::Bool, "{}: Bool tensors are not supported", op_name(op));
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device(), output_format(x, x.shape()));
+  Tensor out = empty_like(x, output_format(x, x.shape()));
   dispatch(op, x.device(), {x}, {out}, attrs);
   return out;
 }
@@ -168,7 +168,7 @@ Tensor pointwise_backward(OpId op, const Tensor& grad, const Tensor& saved, cons
   AF_ASSERT(grad.shape() == saved.shape(), "{}: grad shape {} vs saved {}", op_name(op), grad.shape().str(),
             saved.shape().str());
   Tensor g = to_dtype(grad, saved.dtype());
-  Tensor out = Tensor::empty(saved.shape(), saved.dtype(), saved.device(), output_format(saved, saved.shape()));
+  Tensor out = empty_like(saved, output_format(saved, saved.shape()));
   dispatch(op, saved.device(), {g, saved}, {out}, attrs);
   return out;
 }

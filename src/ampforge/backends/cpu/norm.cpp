@@ -305,33 +305,30 @@ void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* 
     const int64_t Cp = (C + 7) / 8 * 8;
     std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
     double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
-    // A tile is the whole block: the sums of a block run row by row whatever the tile (same bits), and
-    // sums_in_registers keeps its accumulators in registers for a tile's rows, which with 1024-value tiles were 1 to
-    // 4 rows for ResNet-50's 256- to 2048-channel tensors (a reload and store of every accumulator per row or two).
-    // Batch norm + ReLU forward and backward at (8, 1024, 14, 14) and (8, 2048, 7, 7): ~15% faster (docs/PERFORMANCE.md).
-    const int64_t tile = block_rows;
+    // A block is loaded whole (one loader call of up to ~16384 values), so that sums_in_registers keeps its
+    // accumulators in registers across all its rows: with 1024-value tiles that was 1 to 4 rows for ResNet-50's 256-
+    // to 2048-channel tensors (a reload and store of every accumulator per row or two). Each channel still adds its
+    // rows one by one (same bits). Batch norm + ReLU forward and backward at (8, 1024, 14, 14) and (8, 2048, 7, 7):
+    // ~15% faster (docs/PERFORMANCE.md).
     parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<A> abuf(static_cast<size_t>(C * tile)), bbuf(static_cast<size_t>(C * tile));
+      std::vector<A> abuf(static_cast<size_t>(C * block_rows)), bbuf(static_cast<size_t>(C * block_rows));
       for (int64_t blk = b0; blk < b1; ++blk) {
         double* pu = partial + blk * 2 * Cp;
         double* puv = pu + Cp;
         std::fill(pu, pu + 2 * Cp, 0.0);
-        const int64_t r1 = std::min(R, (blk + 1) * block_rows);
-        for (int64_t t = blk * block_rows; t < r1; t += tile) {
-          const int64_t m = std::min(tile, r1 - t);
-          const A* at = load_a(t * C, m * C, -1, abuf.data());
-          const A* bt = a_is_b ? at : as_compute<S, A>(b + t * C, bbuf.data(), m * C);
-          int64_t c_done = 0;
-          if constexpr (std::is_same_v<A, float>) c_done = sums_in_registers(at, bt, m, C, ka, kb, pu, puv);
-          for (int64_t r = 0; r < m && c_done < C; ++r) {  // row by row: the order of the sums does not depend on the tile
-            const A* ar = at + r * C;
-            const A* br = bt + r * C;
-            for (int64_t c = c_done; c < C; ++c) {
-              const double u = static_cast<double>(ar[c]) - ka[c];
-              const double v = static_cast<double>(br[c]) - kb[c];
-              pu[c] += u;
-              puv[c] += u * v;
-            }
+        const int64_t t = blk * block_rows, m = std::min(R, t + block_rows) - t;
+        const A* at = load_a(t * C, m * C, -1, abuf.data());
+        const A* bt = a_is_b ? at : as_compute<S, A>(b + t * C, bbuf.data(), m * C);
+        int64_t c_done = 0;
+        if constexpr (std::is_same_v<A, float>) c_done = sums_in_registers(at, bt, m, C, ka, kb, pu, puv);
+        for (int64_t r = 0; r < m && c_done < C; ++r) {
+          const A* ar = at + r * C;
+          const A* br = bt + r * C;
+          for (int64_t c = c_done; c < C; ++c) {
+            const double u = static_cast<double>(ar[c]) - ka[c];
+            const double v = static_cast<double>(br[c]) - kb[c];
+            pu[c] += u;
+            puv[c] += u * v;
           }
         }
       }
