@@ -19,8 +19,12 @@ AccumulateGrad::AccumulateGrad(Tensor leaf_) : leaf(std::move(leaf_)) {}
 Grads AccumulateGrad::apply(Grads&& grads) {
   Tensor g = grads[0];
   if (!g.defined()) return {};
-  Tensor cur = leaf.grad();
-  if (cur.defined()) {
+  bool zero = false;
+  Tensor cur = leaf.grad_as_is(&zero);
+  if (cur.defined() && zero) {
+    ops::copy_(cur, g);  // over zeros not yet written (Optimizer::zero_grad): the sum is the gradient itself
+    leaf.set_grad(cur);
+  } else if (cur.defined()) {
     ops::add_(cur, g);
   } else {
     // A fresh gradient tensor the leaf owns, laid out like the leaf.

@@ -1,5 +1,7 @@
 #include "ampforge/core/tensor.h"
 
+#include "ampforge/core/attrs.h"
+#include "ampforge/core/dispatch.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge {
@@ -102,8 +104,35 @@ Tensor& Tensor::requires_grad_(bool value) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl_ && impl_->autograd ? impl_->autograd->grad : Tensor(); }
-void Tensor::set_grad(const Tensor& g) const { autograd_meta().grad = g; }
+Tensor Tensor::grad() const {
+  if (!impl_ || !impl_->autograd) return Tensor();
+  AutogradMeta& m = *impl_->autograd;
+  if (m.grad_zero) {
+    m.grad_zero = false;
+    const FillAttrs zero{0.0};
+    dispatch(OpId::fill, m.grad.device(), {}, {m.grad}, &zero);
+    m.grad.storage()->bump_version();
+  }
+  return m.grad;
+}
+
+Tensor Tensor::grad_as_is(bool* zero) const {
+  const AutogradMeta* m = impl_ ? impl_->autograd.get() : nullptr;
+  if (zero != nullptr) *zero = m != nullptr && m->grad_zero;
+  return m != nullptr ? m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  AutogradMeta& m = autograd_meta();
+  m.grad = g;
+  m.grad_zero = false;
+}
+
+void Tensor::mark_grad_zero() const {
+  AutogradMeta& m = autograd_meta();
+  AF_CHECK(m.grad.defined(), "mark_grad_zero(): the tensor has no .grad to mark");
+  m.grad_zero = true;
+}
 
 bool Tensor::is_leaf() const { return !impl_->autograd || impl_->autograd->grad_fn == nullptr; }
 

@@ -104,9 +104,18 @@ class Tensor {
   bool requires_grad() const;
   // Only leaves (tensors not produced by a differentiable op) can be marked; floating dtypes only.
   Tensor& requires_grad_(bool value = true);
-  // The accumulated gradient of a leaf (undefined until backward() reached it).
+  // The accumulated gradient of a leaf (undefined until backward() reached it). A gradient marked zero
+  // (mark_grad_zero) gets its zeros written here, on this first read, so a reader always sees its values.
   Tensor grad() const;
+  // Replaces .grad (and clears a zero mark).
   void set_grad(const Tensor& g) const;
+  // Marks the defined .grad as all zeros without writing them (Optimizer::zero_grad): the next backward's
+  // AccumulateGrad then copies the incoming gradient over it instead of adding it to written zeros (one fill and
+  // one read of the zeros saved per step: 102 MB each for ResNet-50), and grad() writes the zeros first when it is
+  // read before that.
+  void mark_grad_zero() const;
+  // The .grad as it lies, without writing a pending zero; *zero (optional) tells whether it is marked zero.
+  Tensor grad_as_is(bool* zero = nullptr) const;
   bool is_leaf() const;
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   uint32_t output_nr() const;
@@ -168,6 +177,7 @@ class Tensor {
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
+  bool grad_zero = false;  // grad's values are zeros not yet written (Tensor::mark_grad_zero)
   std::shared_ptr<autograd::Node> grad_fn;
   uint32_t output_nr = 0;
   // Leaves: the one AccumulateGrad node of this tensor, shared by every use in the graph (weak: the graph

@@ -115,10 +115,47 @@ TEST(Optimizer, ParametersAndGradientsViewFlatBuffers) {
   ops::copy_(g.flat_params, ops::zeros({g.flat_params.numel()}));
   for (const Tensor& p : ps)
     for (float v : p.contiguous().tolist<float>()) EXPECT_EQ(v, 0.0f);
-  // zero_grad zeroes the one flat gradient buffer that every .grad views.
+  // zero_grad zeroes the one flat gradient buffer that every .grad views: each .grad reads as zeros, and the buffer
+  // holds them once written (the zeros are written lazily: Tensor::mark_grad_zero).
   set_golden_grads(ps, 0);
   opt.zero_grad();
+  opt.write_zero_grads();
   for (float v : g.flat_grads.tolist<float>()) EXPECT_EQ(v, 0.0f);
+  set_golden_grads(ps, 1);
+  opt.zero_grad();
+  for (const Tensor& p : ps)
+    for (float v : p.grad().contiguous().tolist<float>()) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(ps[0].grad().storage(), g.flat_grads.storage());
+}
+
+// zero_grad only marks the gradients; backward copies over the mark and the first reader writes the zeros of the
+// rest. A stale gradient must never come back: a parameter that backward does not reach in a step is stepped with
+// a zero gradient (SGD without momentum leaves it unchanged), and its .grad reads zero.
+TEST(Optimizer, LazilyZeroedGradientsNeverLeakAStaleValue) {
+  std::vector<Tensor> ps = golden_params(nlohmann::json::parse("[[4],[3]]"));
+  optim::SGDOptions o;
+  o.lr = 0.5;
+  optim::SGD opt(ps, o);
+  // Step 1: both parameters get gradients.
+  opt.zero_grad();
+  ampforge::sum(ampforge::add(ampforge::mul(ps[0], 2.0), ampforge::sum(ps[1]))).backward();
+  for (float v : ps[0].grad().tolist<float>()) EXPECT_EQ(v, 2.0f);
+  for (float v : ps[1].grad().tolist<float>()) EXPECT_EQ(v, 4.0f);
+  opt.step();
+  // Step 2: only ps[0] (twice: the second backward adds to the first's copy).
+  opt.zero_grad();
+  const std::vector<float> p1 = ps[1].tolist<float>();
+  ampforge::sum(ampforge::mul(ps[0], 3.0)).backward();
+  ampforge::sum(ps[0]).backward();
+  opt.step();
+  EXPECT_EQ(ps[1].tolist<float>(), p1) << "stepped with the previous step's gradient";
+  for (float v : ps[0].grad().tolist<float>()) EXPECT_EQ(v, 4.0f);
+  for (float v : ps[1].grad().tolist<float>()) EXPECT_EQ(v, 0.0f);
+  // The flat buffer holds the zeros as well once the optimizer read it.
+  const Tensor& flat = opt.param_groups()[0].flat_grads;
+  const std::vector<float> f = flat.tolist<float>();
+  const int64_t off1 = ps[1].grad().offset() - flat.offset();
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(f[static_cast<size_t>(off1 + i)], 0.0f);
 }
 
 TEST(Optimizer, FoundInfSkipsTheStepAndKeepsTheStepCount) {

@@ -216,16 +216,24 @@ Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[
 void Optimizer::zero_grad() {
   ensure_bound();
   for (auto& g : groups_) {
-    ops::fill_(g.flat_grads, 0.0);
     g.master_grads_current = false;
-    // Re-attach in case user code replaced a .grad (e.g. set it to a fresh tensor).
     int64_t off = 0;
     for (auto& p : g.params) {
-      Tensor cur = p.grad();
+      // Re-attach in case user code replaced a .grad (e.g. set it to a fresh tensor).
+      Tensor cur = p.grad_as_is();
       if (!cur.defined() || cur.storage() != g.flat_grads.storage()) p.set_grad(view_into(g.flat_grads, off, p));
+      // Zeros written lazily (Tensor::mark_grad_zero): backward copies each gradient in instead of adding it to a
+      // filled buffer, and whatever reads the buffer first writes the zeros of the parameters backward missed
+      // (ensure_bound, DataParallel). The padding between parameters is never written: zero since construction.
+      p.mark_grad_zero();
       off += aligned(p.numel());
     }
   }
+}
+
+void Optimizer::write_zero_grads() {
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.grad();  // writes a marked gradient's zeros
 }
 
 std::vector<Tensor> Optimizer::grad_buffers() {
@@ -267,6 +275,7 @@ void Optimizer::note_stepped(size_t group) {
 
 void Optimizer::ensure_bound() {
   autograd::NoGradGuard ng;
+  write_zero_grads();  // every caller reads or moves the flat gradient buffers
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     if (!still_bound(g)) {

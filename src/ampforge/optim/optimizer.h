@@ -1,7 +1,8 @@
 // Optimizers over flat buffers. The constructor moves every parameter of a group into one contiguous
 // allocation (Tensor::set_data: the module's handles now view the flat buffer), gives each parameter a
 // gradient that is a view into one flat gradient buffer, and keeps optimizer state flat too. A step is
-// then one fused kernel per group, zero_grad one fill, and the gradient norm one reduction.
+// then one fused kernel per group, zero_grad a mark per gradient (its zeros are written by the next backward's
+// first copy into it), and the gradient norm one reduction.
 //
 // Semantics differences from PyTorch, on purpose: gradients are never None — zero_grad() zeroes them in
 // place — so a parameter that received no gradient in a step is still updated with a zero gradient
@@ -87,7 +88,13 @@ class Optimizer {
   // Updates parameters. found_inf: optional one-element F32 tensor on the parameters' device; non-zero
   // skips the whole step on the device (GradScaler). Returns nothing: skipping is the kernel's decision.
   virtual void step(const Tensor& found_inf = Tensor()) = 0;
+  // Zeroes every gradient, lazily: each parameter's .grad is marked zero (Tensor::mark_grad_zero) and written
+  // by the next backward's copy, or with zeros by write_zero_grads() / its first read.
   void zero_grad();
+  // Writes the zeros of the gradients zero_grad() marked that backward did not reach, so the flat gradient
+  // buffers hold every value. Every method of this class that reads those buffers does this first; code that
+  // reads flat_grads directly (data parallel's reductions) calls it.
+  void write_zero_grads();
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

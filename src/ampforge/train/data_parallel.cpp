@@ -175,6 +175,10 @@ void DataParallel::arm() {
 
 void DataParallel::launch(size_t bucket) {
   AF_ASSERT(bucket == next_, "DataParallel: buckets must be launched in order");
+  // A parameter backward did not reach still has its zeros to write (Optimizer::zero_grad marks, not fills).
+  const GradBucket& b = buckets_[bucket];
+  const std::vector<Tensor>& params = opt_.param_groups()[b.group].params;
+  for (size_t i = b.first_param; i <= b.last_param; ++i) params[i].grad();
   works_.push_back(comm_->all_reduce(buckets_[bucket].view, dist::ReduceOp::Avg));
   ++next_;
 }
@@ -193,6 +197,7 @@ void DataParallel::on_gradient_ready(size_t bucket) {
 
 void DataParallel::reduce_gradients() {
   if (zero_ == 1) {
+    opt_.write_zero_grads();
     std::vector<dist::WorkPtr> works;
     for (const optim::ParamGroup& g : opt_.param_groups())
       works.push_back(comm_->reduce_scatter(g.flat_grads, g.shard_grads, dist::ReduceOp::Avg));
