@@ -83,6 +83,21 @@ void store_model_copy(const KernelArgs& a, size_t idx, const ModelCopyRounding& 
   }
 }
 
+// One chunk of AdamW, restrict-qualified as sgd_chunk. Its sqrt vectorises because this file is compiled with
+// -fno-math-errno (src/CMakeLists.txt): with errno semantics the loop ran scalar, 36 ms for 25.6M parameters against
+// 9-11 ms vectorised (an ad-hoc loop of adamw_step_ calls, min of 10).
+void adamw_chunk(float* __restrict pp, float* __restrict mm, float* __restrict vv, const float* __restrict g, int64_t m,
+                 float decay, float b1, float b2, float step_size, float sqrt_bc2, float eps) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float p = pp[i] * decay;  // decoupled weight decay (AdamW), applied before the Adam update as PyTorch does
+    const float m1 = b1 * mm[i] + (1.0f - b1) * g[i];
+    const float v2 = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
+    mm[i] = m1;
+    vv[i] = v2;
+    pp[i] = p - step_size * m1 / (std::sqrt(v2) / sqrt_bc2 + eps);  // PyTorch order of operations
+  }
+}
+
 void adamw_kernel(const KernelArgs& a) {
   if (skip_step(a, 1)) return;
   const auto& at = a.attr<AdamWAttrs>();
@@ -100,16 +115,8 @@ void adamw_kernel(const KernelArgs& a) {
   const float eps = static_cast<float>(at.eps);
   parallel_for(param.numel(), 65536, [&](int64_t b, int64_t e) {
     with_grad_floats(a.in(0), b, e, [&](int64_t c, int64_t m, const float* g) {
-      float* pp = p + c;
-      float* mm = m1 + c;
-      float* vv = m2 + c;
-      for (int64_t i = 0; i < m; ++i) {
-        pp[i] *= decay;  // decoupled weight decay (AdamW), applied before the Adam update as PyTorch does
-        mm[i] = b1 * mm[i] + (1.0f - b1) * g[i];
-        vv[i] = b2 * vv[i] + (1.0f - b2) * g[i] * g[i];
-        pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / sqrt_bc2 + eps);  // PyTorch order of operations
-      }
-      store_model_copy(a, 3, hp.rounding, pp, c, m);
+      adamw_chunk(p + c, m1 + c, m2 + c, g, m, decay, b1, b2, step_size, sqrt_bc2, eps);
+      store_model_copy(a, 3, hp.rounding, p + c, c, m);
     });
   });
   hp.advance();
