@@ -264,9 +264,39 @@ inline V8d load8f(const float* p) {
 }
 inline void store8d(double* p, V8d v) { std::memcpy(p, &v, sizeof v); }
 
+// The forward's statistics, where a is b and ka is kb (v = u): 64 channels at a time, 256 contiguous bytes of each
+// row per pass over the tile instead of 64 (the accumulators and shifts take 24 of the 32 vector registers). Same
+// additions in the same order. Batch norm + ReLU forward at (8, 64, 112, 112): 2.6-3.2 -> 1.8-1.9 ms (ad-hoc
+// program, min of 15, two alternations).
+int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const double* ka, double* pu, double* puv) {
+  constexpr int kV = 8;  // vectors of 8 doubles: 64 channels
+  int64_t c0 = 0;
+  for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
+    V8d su[kV], suv[kV], k[kV];
+    for (int j = 0; j < kV; ++j) {
+      su[j] = load8d(pu + c0 + 8 * j);
+      suv[j] = load8d(puv + c0 + 8 * j);
+      k[j] = load8d(ka + c0 + 8 * j);
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      const float* ar = at + r * C + c0;
+      for (int j = 0; j < kV; ++j) {
+        const V8d u = load8f(ar + 8 * j) - k[j];
+        su[j] += u;
+        suv[j] += u * u;
+      }
+    }
+    for (int j = 0; j < kV; ++j) {
+      store8d(pu + c0 + 8 * j, su[j]);
+      store8d(puv + c0 + 8 * j, suv[j]);
+    }
+  }
+  return c0;
+}
+
 int64_t sums_in_registers(const float* at, const float* bt, int64_t m, int64_t C, const double* ka, const double* kb,
                           double* pu, double* puv) {
-  int64_t c0 = 0;
+  int64_t c0 = at == bt && ka == kb ? sums_same_in_registers(at, m, C, ka, pu, puv) : 0;
   for (; c0 + 16 <= C; c0 += 16) {
     V8d su0 = load8d(pu + c0), su1 = load8d(pu + c0 + 8), suv0 = load8d(puv + c0), suv1 = load8d(puv + c0 + 8);
     const V8d ka0 = load8d(ka + c0), ka1 = load8d(ka + c0 + 8), kb0 = load8d(kb + c0), kb1 = load8d(kb + c0 + 8);
