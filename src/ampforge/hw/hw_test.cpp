@@ -136,7 +136,9 @@ TEST(HwChecks, BlasKernelsWeakerThanTheCpuWarn) {
   evaluate_checks(r);
   EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Warn);
   for (const auto& c : r.checks)
-    if (c.id == "host.blas_kernels") EXPECT_NE(c.fix.find("OPENBLAS_CORETYPE=Cooperlake"), std::string::npos) << c.fix;
+    if (c.id == "host.blas_kernels") {
+      EXPECT_NE(c.fix.find("OPENBLAS_CORETYPE=Cooperlake"), std::string::npos) << c.fix;
+    }
   r.blas.source = "unavailable";
   evaluate_checks(r);
   EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Skip);

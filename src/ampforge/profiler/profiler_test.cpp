@@ -156,7 +156,7 @@ TEST(Profiler, MemorySamplesComeFromTheSessionsDevice) {
 // must have produced the library, and it must export the entry points.
 TEST(Profiler, CuptiInjectionLibraryBuiltWhenCudaIsPresent) {
   struct stat st {};
-  const bool cupti_headers = ::stat("/usr/local/cuda/include/cupti.h", &st) == 0;
+  [[maybe_unused]] const bool cupti_headers = ::stat("/usr/local/cuda/include/cupti.h", &st) == 0;
 #ifdef AMPFORGE_CUPTI_INJECTION
   void* h = dlopen(AMPFORGE_CUPTI_INJECTION, RTLD_LAZY | RTLD_LOCAL);
   ASSERT_NE(h, nullptr) << dlerror();

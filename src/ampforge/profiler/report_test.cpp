@@ -95,8 +95,12 @@ TEST(ProfilerReport, KernelTotalsAndCopyShare) {
 
   // Device time the ops launched: matmul's two gemms, relu's kernel.
   for (const TimeStat& op : r.ops) {
-    if (op.name == "matmul") EXPECT_EQ(op.device_ns, 300);
-    if (op.name == "relu") EXPECT_EQ(op.device_ns, 50);
+    if (op.name == "matmul") {
+      EXPECT_EQ(op.device_ns, 300);
+    }
+    if (op.name == "relu") {
+      EXPECT_EQ(op.device_ns, 50);
+    }
   }
 }
 

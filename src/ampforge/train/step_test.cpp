@@ -48,7 +48,8 @@ Trace run(bool read_loss, DType precision, double lr, int steps, double clip = 0
     so.precision = precision;
     so.read_loss = read_loss;
     so.clip_grad_norm = clip;
-    const train::StepResult r = train::train_step(*model, task, *opt, scaler, {x, y}, so);
+    const data::Batch batch{x, y, Tensor()};
+    const train::StepResult r = train::train_step(*model, task, *opt, scaler, std::span<const data::Batch>(&batch, 1), so);
     t.losses.push_back(static_cast<float>(r.loss_tensor.item()));
     if (read_loss) EXPECT_EQ(static_cast<float>(r.loss), t.losses.back());
     else EXPECT_TRUE(std::isnan(r.loss));

@@ -190,7 +190,7 @@ TEST(ClassificationTask, TopKCountsClassesScoringHigherThanTheTruth) {
   co.top_k = 5;
   tasks::ClassificationTask task(co);
   auto ev = task.evaluator();
-  data::Batch b{ops::zeros({3, 1}), Tensor::from_vector<int64_t>({0, 1, 5})};
+  data::Batch b{ops::zeros({3, 1}), Tensor::from_vector<int64_t>({0, 1, 5}), Tensor()};
   ev->add(model, b);
   const tasks::Metrics m = ev->result();
   EXPECT_NEAR(tasks::metric_value(m, "accuracy"), 1.0 / 3, 1e-12);
@@ -204,7 +204,7 @@ TEST(ClassificationTask, LabelSmoothingChangesOnlyTheTrainingLoss) {
     Fixed() : Module("Fixed") {}
     Tensor forward(const Tensor&) override { return Tensor::from_vector<float>({2, 0, -1, 0.5f, 0.5f, 3}, {2, 3}); }
   } model;
-  data::Batch b{ops::zeros({2, 1}), Tensor::from_vector<int64_t>({0, 2})};
+  data::Batch b{ops::zeros({2, 1}), Tensor::from_vector<int64_t>({0, 2}), Tensor()};
   tasks::ClassificationTask plain, smooth({.label_smoothing = 0.1});
   const double lp = plain.loss(model, b).item(), ls = smooth.loss(model, b).item();
   // PyTorch: loss = (1 - s) * nll + s * mean_c(-log p_c), per row, averaged.

@@ -211,7 +211,7 @@ TEST(Trainer, LearnsTheSyntheticTask) {
 }
 
 TEST(Trainer, UnwritableCheckpointPathFailsBeforeTraining) {
-  for (const std::string bad : {tmp("no/such/dir/ckpt.safetensors").string(), tmp("").string()}) {
+  for (const std::string& bad : {tmp("no/such/dir/ckpt.safetensors").string(), tmp("").string()}) {
     train::TrainConfig c = small_config();
     c.save = bad;
     c.epochs = 50;  // would take minutes if it trained first
