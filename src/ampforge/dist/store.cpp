@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/socket.h"
 
 namespace ampforge::dist {
 
@@ -71,17 +72,6 @@ bool decode(const std::string& buf, size_t& used, uint8_t& op, std::vector<std::
     pos += len;
   }
   used = pos;
-  return true;
-}
-
-bool send_all(int fd, const std::string& bytes) {
-  size_t off = 0;
-  while (off < bytes.size()) {
-    const ssize_t k = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    off += static_cast<size_t>(k);
-  }
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/util/error.h"
+#include "ampforge/util/socket.h"
 #include "ampforge/util/timer.h"
 
 namespace ampforge::hw {
@@ -103,12 +104,7 @@ void MetricsServer::answer(int fd) {
   }
   const std::string resp = fmt::format("HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
                                        status, type, body.size(), body);
-  size_t sent = 0;
-  while (sent < resp.size()) {
-    const ssize_t n = ::send(fd, resp.data() + sent, resp.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  send_all(fd, resp);  // a scraper that hung up gets nothing more; the server goes on
 }
 
 }  // namespace ampforge::hw

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/util/env.h"
+#include "ampforge/util/socket.h"
 #include "ampforge/util/timer.h"
 
 extern char** environ;
@@ -116,16 +117,7 @@ Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr, 
 }
 
 bool Subprocess::write_line(const std::string& line) {
-  if (in_fd_ < 0) return false;
-  const std::string msg = line + "\n";
-  size_t sent = 0;
-  while (sent < msg.size()) {
-    const ssize_t n = ::send(in_fd_, msg.data() + sent, msg.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
+  return in_fd_ >= 0 && send_all(in_fd_, line + "\n");
 }
 
 Subprocess::Read Subprocess::read_more(std::string& into, double deadline) {
