@@ -158,6 +158,19 @@ TEST(Optimizer, LazilyZeroedGradientsNeverLeakAStaleValue) {
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(f[static_cast<size_t>(off1 + i)], 0.0f);
 }
 
+// shard() moves the gradients into new buffers: a gradient zero_grad marked must arrive there as zeros, not as the
+// values the old buffer still held.
+TEST(Optimizer, ShardingAfterZeroGradKeepsTheGradientsZero) {
+  std::vector<Tensor> ps = golden_params(nlohmann::json::parse("[[5]]"));
+  optim::SGD opt(ps, optim::SGDOptions{});
+  opt.zero_grad();
+  ampforge::sum(ampforge::mul(ps[0], 2.0)).backward();
+  opt.zero_grad();
+  opt.shard(0, 1);
+  for (float v : ps[0].grad().tolist<float>()) EXPECT_EQ(v, 0.0f);
+  for (float v : opt.param_groups()[0].flat_grads.tolist<float>()) EXPECT_EQ(v, 0.0f);
+}
+
 TEST(Optimizer, FoundInfSkipsTheStepAndKeepsTheStepCount) {
   std::vector<Tensor> ps = golden_params(nlohmann::json::parse("[[7]]"));
   optim::AdamW opt(ps);

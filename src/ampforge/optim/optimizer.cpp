@@ -96,6 +96,7 @@ void Optimizer::shard(int rank, int world) {
   AF_CHECK(world >= 1 && rank >= 0 && rank < world, "optimizer: shard {} of {} does not exist", rank, world);
   AF_CHECK(!sharded(), "optimizer: already sharded");
   autograd::NoGradGuard ng;
+  write_zero_grads();  // the gradients are copied into the new buffers below, and re-pointed (which clears a mark)
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& g = groups_[gi];
     AF_CHECK(g.step == 0, "optimizer: shard() must come before the first step");
@@ -214,7 +215,7 @@ ModelCopyRounding Optimizer::model_copy_rounding(size_t group, const RoundingOpt
 Tensor& Optimizer::state(size_t group, const std::string& name) { return state_[group].at(name); }
 
 void Optimizer::zero_grad() {
-  ensure_bound();
+  ensure_bound(/*write_zeros=*/false);
   for (auto& g : groups_) {
     g.master_grads_current = false;
     int64_t off = 0;
@@ -273,9 +274,9 @@ void Optimizer::note_stepped(size_t group) {
   groups_[group].synced_version = groups_[group].flat_params.storage()->version();
 }
 
-void Optimizer::ensure_bound() {
+void Optimizer::ensure_bound(bool write_zeros) {
   autograd::NoGradGuard ng;
-  write_zero_grads();  // every caller reads or moves the flat gradient buffers
+  if (write_zeros) write_zero_grads();  // the caller reads the flat gradient buffers
   for (size_t i = 0; i < groups_.size(); ++i) {
     ParamGroup& g = groups_[i];
     if (!still_bound(g)) {

@@ -175,7 +175,8 @@ class Optimizer {
   std::vector<std::map<std::string, Tensor>> state_;
 
  private:
-  void ensure_bound();
+  // Writes pending zeros first (write_zero_grads) unless `write_zeros` is false: zero_grad marks them all again.
+  void ensure_bound(bool write_zeros = true);
   void rebind_group(size_t group);
   uint64_t id_;
   bool device_hyper_ = false;
