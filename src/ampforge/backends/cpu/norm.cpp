@@ -266,8 +266,8 @@ inline void store8d(double* p, V8d v) { std::memcpy(p, &v, sizeof v); }
 
 // The forward's statistics, where a is b and ka is kb (v = u): 64 channels at a time, 256 contiguous bytes of each
 // row per pass over the tile instead of 64 (the accumulators and shifts take 24 of the 32 vector registers). Same
-// additions in the same order. Batch norm + ReLU forward at (8, 64, 112, 112): 2.6-3.2 -> 1.8-1.9 ms (ad-hoc
-// program, min of 15, two alternations).
+// additions in the same order. Batch norm + ReLU forward at (8, 64, 112, 112): 2.7-3.5 -> 1.3-2.0 ms (ad-hoc
+// program, min of 15, three alternations; docs/PERFORMANCE.md).
 int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const double* ka, double* pu, double* puv) {
   constexpr int kV = 8;  // vectors of 8 doubles: 64 channels
   int64_t c0 = 0;
