@@ -2,6 +2,7 @@
 // dist worker, the CLI) with a deadline and the elapsed time, and sets environment variables for one test.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,10 +46,19 @@ inline Run run_shell(const std::string& cmd, int timeout_s = 120) {
 
 inline std::string ampforge_bin() { return std::string(AMPFORGE_BINARY_DIR) + "/bin/ampforge"; }
 
-// `mpirun -n N` with the flags a root container on few cores needs.
+// `mpirun -n N` with the flags a root container on few cores needs, and a session directory of this test process's
+// own: Open MPI 4 creates /tmp/ompi.<host>.<uid> at start-up, and two mpiruns starting at once (ctest -j2) race on
+// that mkdir; the loser fails in orte_init ("A call to mkdir was unable to create the desired directory ... File
+// exists"), which made a distributed test fail now and then under CI's parallel ctest.
 inline std::string mpirun(int n) {
+  // Made once per process and removed at its exit (mpirun empties it when it ends).
+  static const struct Session {
+    std::string dir = "/tmp/ampforge-ompi-" + std::to_string(::getpid());
+    Session() { ::mkdir(dir.c_str(), 0700); }
+    ~Session() { ::rmdir(dir.c_str()); }
+  } session;
   return std::string(AMPFORGE_MPIEXEC) + " -n " + std::to_string(n) + " --oversubscribe --bind-to none" +
-         (::geteuid() == 0 ? " --allow-run-as-root" : "");
+         " --mca orte_tmpdir_base " + session.dir + (::geteuid() == 0 ? " --allow-run-as-root" : "");
 }
 
 // MPI is part of the build wherever scripts/setup ran; a build without it fails the MPI tests unless MPI was
