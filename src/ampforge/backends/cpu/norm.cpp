@@ -29,12 +29,16 @@
 // of the cancellation of E[x^2] - E[x]^2) accumulated in double over FIXED blocks of the data; block
 // partials are added in block order. The partition depends only on the shape, so every statistic (and
 // so every output) is bit-identical for any thread count.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "ampforge/backends/cpu/loops.h"
+#include "ampforge/backends/cpu/norm_paths.h"
 #include "ampforge/backends/cpu/register.h"
 #include "ampforge/backends/cpu/vec_math.h"
 #include "ampforge/core/attrs.h"
@@ -95,6 +99,8 @@ inline const A* as_compute(const S* p, A* buf, int64_t n) {
 }
 
 // ---- batch norm ------------------------------------------------------------------------------------
+
+std::atomic<bool> g_bn_fused_f32{true};
 
 struct BnShape {
   int64_t outer = 0;  // planes: N; rows: number of rows (N*H*W)
@@ -250,6 +256,14 @@ struct MaskLoad {
 // tile: the same additions in the same order as the loop in channel_sums (each channel adds its rows one by one,
 // starting from pu/puv), so the bits are those of that loop, without a store and reload of every accumulator per
 // row. Returns how many channels (a multiple of 16) it did; the caller does the rest.
+// Software prefetch. On the 2-vCPU VMs this was measured on, loops that do some arithmetic per cache line read from
+// DRAM at 20-30 GB/s without it and 50-90 GB/s with it (the hardware prefetchers keep too few lines in flight), while
+// a bare streaming loop gets the latter anyway: batch norm's statistics over (8, 64, 112, 112) ~1.6 -> ~0.7 ms
+// (docs/PERFORMANCE.md). The loops prefetch about 8 KiB ahead in a stream, and at least 8 rows ahead where they walk
+// down a tile's columns (a prefetch past the end of an array is harmless: it never faults).
+constexpr int64_t kPrefetchFloats = 2048;
+inline int64_t prefetch_rows(int64_t C) { return std::max<int64_t>(8, kPrefetchFloats / std::max<int64_t>(C, 1)); }
+
 using V8d = double __attribute__((vector_size(64)));
 using V8f = float __attribute__((vector_size(32)));
 inline V8d load8d(const double* p) {
@@ -270,6 +284,7 @@ inline void store8d(double* p, V8d v) { std::memcpy(p, &v, sizeof v); }
 // program, min of 15, three alternations; docs/PERFORMANCE.md).
 int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const double* ka, double* pu, double* puv) {
   constexpr int kV = 8;  // vectors of 8 doubles: 64 channels
+  const int64_t ahead = prefetch_rows(C) * C;
   int64_t c0 = 0;
   for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
     V8d su[kV], suv[kV], k[kV];
@@ -280,6 +295,7 @@ int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const doub
     }
     for (int64_t r = 0; r < m; ++r) {
       const float* ar = at + r * C + c0;
+      for (int j = 0; j < kV; j += 2) __builtin_prefetch(ar + ahead + 8 * j, 0, 3);
       for (int j = 0; j < kV; ++j) {
         const V8d u = load8f(ar + 8 * j) - k[j];
         su[j] += u;
@@ -297,12 +313,15 @@ int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const doub
 int64_t sums_in_registers(const float* at, const float* bt, int64_t m, int64_t C, const double* ka, const double* kb,
                           double* pu, double* puv) {
   int64_t c0 = at == bt && ka == kb ? sums_same_in_registers(at, m, C, ka, pu, puv) : 0;
+  const int64_t ahead = prefetch_rows(C) * C;
   for (; c0 + 16 <= C; c0 += 16) {
     V8d su0 = load8d(pu + c0), su1 = load8d(pu + c0 + 8), suv0 = load8d(puv + c0), suv1 = load8d(puv + c0 + 8);
     const V8d ka0 = load8d(ka + c0), ka1 = load8d(ka + c0 + 8), kb0 = load8d(kb + c0), kb1 = load8d(kb + c0 + 8);
     for (int64_t r = 0; r < m; ++r) {
       const float* ar = at + r * C + c0;
       const float* br = bt + r * C + c0;
+      __builtin_prefetch(ar + ahead, 0, 3);
+      if (br != ar) __builtin_prefetch(br + ahead, 0, 3);
       const V8d u0 = load8f(ar) - ka0, u1 = load8f(ar + 8) - ka1;
       const V8d v0 = load8f(br) - kb0, v1 = load8f(br + 8) - kb1;
       su0 += u0;
@@ -491,6 +510,226 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
   });
 }
 
+// ---- F32 rows layout: fused passes (norm_paths.h) -------------------------------------------------------
+// The backward of ResNet's batch norms (F32, channels-last, in training, activation None or ReLU, with or without the
+// residual) in two passes over the data that compute dz (the gradient before the activation) in registers: the
+// first adds dz and dz * (x - mean) into the sums as it goes (the residual form also writes dz to grad_residual), the
+// second recomputes dz (or reads it from grad_residual) and writes dx. Both prefetch (see prefetch_rows). The general
+// path (channel_sums + channel_apply with a loader) writes dz into a block buffer and reads it back, reads x twice
+// and keeps the per-channel coefficients tiled over 16384 values. ResNet-50 b8 step: batch_norm_backward 57.7 / 67.3
+// -> 40.6 / 40.7 ms (profile, two alternations; docs/PERFORMANCE.md). Same additions in the same order as
+// channel_sums (each channel adds its rows one by one per statistics block, blocks in order), same arithmetic per
+// element as the loaders and channel_apply: the same bits (test BatchNorm.F32ChannelsLastFusedPassesKeepTheGeneral
+// PathsBits). The forward's apply pass (f32_fwd_apply, below) likewise.
+enum class DzFrom {
+  Grad,     // dz = g (no activation)
+  ReluOfX,  // dz = g where x * scale[c] + shift[c] > 0 (the forward's ReLU input, recomputed)
+  ReluOfY,  // dz = g where the forward's output y > 0 (residual form)
+};
+
+struct F32Bwd {
+  const float* g;    // incoming gradient (R, C)
+  const float* x;    // the forward's input (R, C)
+  const float* y;    // ReluOfY: the forward's output
+  float* store;      // residual form: dz is written here (grad_residual); else null
+  const float* sc;   // ReluOfX: the forward's scale and shift (C)
+  const float* sh;
+  int64_t R, C;
+};
+
+inline V8f load8(const float* p) {
+  V8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
+
+template <DzFrom kFrom>
+inline float dz_scalar(const F32Bwd& a, int64_t off, int64_t c) {
+  const float gi = a.g[off];
+  if constexpr (kFrom == DzFrom::ReluOfX) return a.x[off] * a.sc[c] + a.sh[c] > 0.0f ? gi : 0.0f;
+  if constexpr (kFrom == DzFrom::ReluOfY) return a.y[off] > 0.0f ? gi : 0.0f;
+  return gi;
+}
+
+// dz of 8 channels at off (x already loaded: xv; sc, sh: those channels' scale and shift for ReluOfX).
+template <DzFrom kFrom>
+inline V8f dz8(const F32Bwd& a, int64_t off, V8f xv, V8f sc, V8f sh) {
+  const V8f gv = load8(a.g + off), zero = {};
+  if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
+  if constexpr (kFrom == DzFrom::ReluOfY) return load8(a.y + off) > zero ? gv : zero;
+  return gv;
+}
+
+using V16f = float __attribute__((vector_size(64)));
+inline V16f load16(const float* p) {
+  V16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, V16f v) { std::memcpy(p, &v, sizeof v); }
+template <DzFrom kFrom>
+inline V16f dz16(const F32Bwd& a, int64_t off, V16f xv, V16f sc, V16f sh) {
+  const V16f gv = load16(a.g + off), zero = {};
+  if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
+  if constexpr (kFrom == DzFrom::ReluOfY) return load16(a.y + off) > zero ? gv : zero;
+  return gv;
+}
+
+template <DzFrom kFrom>
+inline void prefetch_inputs(const F32Bwd& a, int64_t off) {
+  __builtin_prefetch(a.g + off, 0, 3);
+  __builtin_prefetch(a.x + off, 0, 3);
+  if constexpr (kFrom == DzFrom::ReluOfY) __builtin_prefetch(a.y + off, 0, 3);
+}
+
+// Rows [t, t + m) of one statistics block, channels from c0 in groups of 8 * kV with the sums in registers across the
+// rows: pu[c] += dz, puv[c] += dz * (x - kb[c]). Returns the first channel not done.
+template <DzFrom kFrom, int kV>
+int64_t f32_bwd_sums_groups(const F32Bwd& a, int64_t t, int64_t m, int64_t c0, const double* kb, double* pu,
+                            double* puv) {
+  const int64_t C = a.C;
+  const int64_t ahead = prefetch_rows(C) * C;
+  for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
+    V8d su[kV], suv[kV], k[kV];
+    V8f sc[kV], sh[kV];
+    for (int j = 0; j < kV; ++j) {
+      su[j] = load8d(pu + c0 + 8 * j);
+      suv[j] = load8d(puv + c0 + 8 * j);
+      k[j] = load8d(kb + c0 + 8 * j);
+      if constexpr (kFrom == DzFrom::ReluOfX) {
+        sc[j] = load8(a.sc + c0 + 8 * j);
+        sh[j] = load8(a.sh + c0 + 8 * j);
+      } else {
+        sc[j] = sh[j] = V8f{};
+      }
+    }
+    for (int64_t r = t; r < t + m; ++r) {
+      const int64_t off = r * C + c0;
+      for (int j = 0; j < kV; j += 2) prefetch_inputs<kFrom>(a, off + ahead + 8 * j);
+      for (int j = 0; j < kV; ++j) {
+        const V8f xv = load8(a.x + off + 8 * j);
+        const V8f dz = dz8<kFrom>(a, off + 8 * j, xv, sc[j], sh[j]);
+        if (a.store != nullptr) store8(a.store + off + 8 * j, dz);
+        const V8d u = __builtin_convertvector(dz, V8d);
+        const V8d v = __builtin_convertvector(xv, V8d) - k[j];
+        su[j] += u;
+        suv[j] += u * v;
+      }
+    }
+    for (int j = 0; j < kV; ++j) {
+      store8d(pu + c0 + 8 * j, su[j]);
+      store8d(puv + c0 + 8 * j, suv[j]);
+    }
+  }
+  return c0;
+}
+
+// su[c] = sum(dz), suv[c] = sum(dz * (x - kb[c])) over fixed blocks of rows_per_block(C) rows, block partials added
+// in block order (channel_sums' partition and order); the residual form also writes dz to a.store.
+template <DzFrom kFrom>
+void f32_bwd_sums(const F32Bwd& a, const double* kb, double* su, double* suv) {
+  const int64_t C = a.C, R = a.R;
+  std::fill(su, su + C, 0.0);
+  std::fill(suv, suv + C, 0.0);
+  if (R == 0) return;
+  const int64_t block_rows = rows_per_block(C);
+  const int64_t nblk = (R + block_rows - 1) / block_rows;
+  const int64_t Cp = (C + 7) / 8 * 8;
+  std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
+  double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
+  parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      double* pu = partial + blk * 2 * Cp;
+      double* puv = pu + Cp;
+      std::fill(pu, pu + 2 * Cp, 0.0);
+      const int64_t t = blk * block_rows, m = std::min(R, t + block_rows) - t;
+      int64_t c = f32_bwd_sums_groups<kFrom, 8>(a, t, m, 0, kb, pu, puv);
+      c = f32_bwd_sums_groups<kFrom, 1>(a, t, m, c, kb, pu, puv);
+      for (int64_t r = t; r < t + m && c < C; ++r)
+        for (int64_t cc = c; cc < C; ++cc) {
+          const int64_t off = r * C + cc;
+          const float dz = dz_scalar<kFrom>(a, off, cc);
+          if (a.store != nullptr) a.store[off] = dz;
+          const double u = static_cast<double>(dz);
+          const double v = static_cast<double>(a.x[off]) - kb[cc];
+          pu[cc] += u;
+          puv[cc] += u * v;
+        }
+    }
+  });
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const double* pu = partial + blk * 2 * Cp;
+    for (int64_t c = 0; c < C; ++c) {
+      su[c] += pu[c];
+      suv[c] += pu[Cp + c];
+    }
+  }
+}
+
+// out = dz * alpha[c] + (x - kb[c]) * beta[c] + gamma[c], row by row (channel_apply's kTwo arithmetic), 16 channels
+// per step, then 8, then one.
+template <DzFrom kFrom>
+void f32_bwd_apply(const F32Bwd& a, const float* alpha, const float* beta, const float* kb, const float* gamma,
+                   float* out) {
+  const int64_t C = a.C;
+  parallel_for(a.R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
+    const int64_t end = r1 * C;
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t c = 0;
+      for (; c + 16 <= C; c += 16) {
+        const int64_t off = r * C + c;
+        if (off + kPrefetchFloats < end) prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
+        const V16f xv = load16(a.x + off);
+        V16f sc{}, sh{};
+        if constexpr (kFrom == DzFrom::ReluOfX) sc = load16(a.sc + c), sh = load16(a.sh + c);
+        const V16f dz = dz16<kFrom>(a, off, xv, sc, sh);
+        store16(out + off, dz * load16(alpha + c) + (xv - load16(kb + c)) * load16(beta + c) + load16(gamma + c));
+      }
+      for (; c + 8 <= C; c += 8) {
+        const int64_t off = r * C + c;
+        const V8f xv = load8(a.x + off);
+        V8f sc{}, sh{};
+        if constexpr (kFrom == DzFrom::ReluOfX) sc = load8(a.sc + c), sh = load8(a.sh + c);
+        const V8f dz = dz8<kFrom>(a, off, xv, sc, sh);
+        store8(out + off, dz * load8(alpha + c) + (xv - load8(kb + c)) * load8(beta + c) + load8(gamma + c));
+      }
+      for (; c < C; ++c) {
+        const int64_t off = r * C + c;
+        out[off] = dz_scalar<kFrom>(a, off, c) * alpha[c] + (a.x[off] - kb[c]) * beta[c] + gamma[c];
+      }
+    }
+  });
+}
+
+// The forward's y = act(x * scale[c] + shift[c] [+ res]) for F32 rows, act None or ReLU: channel_apply's arithmetic
+// (one multiply-add, then the residual added, then the ReLU), 16 channels per step, with prefetch.
+template <bool kRes, bool kRelu>
+void f32_fwd_apply(const float* x, const float* res, float* y, const float* scale, const float* shift, int64_t R,
+                   int64_t C) {
+  parallel_for(R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t c = 0;
+      for (; c + 16 <= C; c += 16) {
+        const int64_t off = r * C + c;
+        __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
+        if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
+        V16f o = load16(x + off) * load16(scale + c) + load16(shift + c);
+        if constexpr (kRes) o += load16(res + off);
+        if constexpr (kRelu) o = o > V16f{} ? o : V16f{};
+        store16(y + off, o);
+      }
+      for (; c < C; ++c) {
+        const int64_t off = r * C + c;
+        float o = x[off] * scale[c] + shift[c];
+        if constexpr (kRes) o += res[off];
+        if constexpr (kRelu) o = o > 0.0f ? o : 0.0f;
+        y[off] = o;
+      }
+    }
+  });
+}
+
 // Runs f with the activation as a compile-time constant.
 template <class F>
 void with_act(NormAct act, F&& f) {
@@ -575,6 +814,18 @@ void batch_norm_kernel(const KernelArgs& args) {
     std::vector<A> sa, sb;
     fold_scale_shift(mean, invstd, w, b, sa, sb);
     const S* rp = res.defined() ? static_cast<const S*>(res.data_ptr()) : nullptr;
+    if constexpr (std::is_same_v<S, float>) {
+      if (sh.rows && at.act != NormAct::SiLU && batch_norm_fused_f32()) {
+        float* yp = static_cast<float*>(y.data_ptr());
+        const bool relu = at.act == NormAct::ReLU;
+        if (rp != nullptr)
+          (relu ? f32_fwd_apply<true, true> : f32_fwd_apply<true, false>)(xp, rp, yp, sa.data(), sb.data(), sh.outer, C);
+        else
+          (relu ? f32_fwd_apply<false, true> : f32_fwd_apply<false, false>)(xp, rp, yp, sa.data(), sb.data(), sh.outer,
+                                                                             C);
+        return;
+      }
+    }
     with_act(at.act, [&](auto act) {
       channel_apply<S, false, decltype(act)::value>(sh, PlainLoad<S>{xp}, nullptr, static_cast<S*>(y.data_ptr()),
                                                     sa.data(), nullptr, nullptr, sb.data(), rp);
@@ -613,6 +864,28 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
         sb = tiled(sb.data(), C, rows_per_block(C));
       }
     }
+    // F32 channels-last in training with dx wanted (ResNet's batch norms): the two fused passes above.
+    std::optional<F32Bwd> fast;
+    DzFrom from = DzFrom::Grad;
+    if constexpr (std::is_same_v<S, float>) {
+      if (sh.rows && at.training && gx.defined() && (at.act == NormAct::None || at.act == NormAct::ReLU) &&
+          batch_norm_fused_f32()) {
+        fast = F32Bwd{gp, xp, nullptr, nullptr, sa.data(), sb.data(), sh.outer, C};
+        if (residual) {
+          fast->store = static_cast<float*>(gres.data_ptr());
+          if (at.act == NormAct::ReLU) fast->y = static_cast<const float*>(yfwd.data_ptr()), from = DzFrom::ReluOfY;
+        } else if (at.act == NormAct::ReLU) {
+          from = DzFrom::ReluOfX;
+        }
+      }
+    }
+    auto with_from = [](DzFrom f, auto&& fn) {
+      switch (f) {
+        case DzFrom::Grad: return fn(std::integral_constant<DzFrom, DzFrom::Grad>{});
+        case DzFrom::ReluOfX: return fn(std::integral_constant<DzFrom, DzFrom::ReluOfX>{});
+        case DzFrom::ReluOfY: return fn(std::integral_constant<DzFrom, DzFrom::ReluOfY>{});
+      }
+    };
     // The residual form: the kernels read dz = g * act'(.) from grad_residual, written by the first pass over
     // the data (the sums, or the only pass when no sums are needed).
     auto run = [&](auto act_c, const auto& load_g) {
@@ -622,7 +895,9 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       // SiLU in training: the sums pass leaves dz in grad_input and the last pass reads it from there.
       bool dz_in_out = false;
       if constexpr (kAct == NormAct::SiLU && std::is_same_v<S, A>) dz_in_out = need_sums && at.training && gx.defined();
-      if (need_sums) {
+      if (need_sums && fast) {
+        with_from(from, [&](auto f) { f32_bwd_sums<decltype(f)::value>(*fast, mean.data(), sg.data(), sgx.data()); });
+      } else if (need_sums) {
         const std::vector<double> zero(C, 0.0);
         if constexpr (kAct == NormAct::SiLU) {
           auto load_store = load_g;
@@ -658,6 +933,16 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       }
       const std::vector<A> al = cast_vec<A>(alpha), be = cast_vec<A>(beta), ga = cast_vec<A>(gamma),
                            mu = cast_vec<A>(mean);
+      if constexpr (std::is_same_v<S, float>) {
+        if (fast) {
+          F32Bwd b = *fast;
+          if (residual) b.g = b.store, b.store = nullptr;  // dz is in grad_residual
+          with_from(residual ? DzFrom::Grad : from, [&](auto f) {
+            f32_bwd_apply<decltype(f)::value>(b, al.data(), be.data(), mu.data(), ga.data(), out);
+          });
+          return;
+        }
+      }
       if (dz_in_out)  // reads dz and writes dx at the same index: in place is safe
         channel_apply<S, true>(sh, PlainLoad<S>{out}, xp, out, al.data(), be.data(), mu.data(), ga.data());
       else if (residual && need_sums)  // dz is in grad_residual already
@@ -832,6 +1117,9 @@ void layer_norm_backward_kernel(const KernelArgs& args) {
 }
 
 }  // namespace
+
+void set_batch_norm_fused_f32(bool on) { g_bn_fused_f32.store(on, std::memory_order_relaxed); }
+bool batch_norm_fused_f32() { return g_bn_fused_f32.load(std::memory_order_relaxed); }
 
 void register_norm_cpu() {
   register_kernel(OpId::batch_norm, DeviceType::CPU, batch_norm_kernel);
