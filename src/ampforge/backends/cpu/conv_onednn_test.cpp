@@ -350,21 +350,24 @@ TEST(OneDnnConv, BenchmarkModeMeasuresEachProblemOnceAndAgreesWithIm2col) {
 TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
   // 1x1 F32 convolutions on channels-last activations, stride 1 and stride 2 (odd sizes: the last row and column
   // are read at stride 1 only): both gradients are GEMMs on the tensors as they lie, for a row-major weight and for
-  // a transposed view of one (the weight gradient then written through the view); both agree with im2col. The
+  // a transposed view of one (the weight gradient then written through the view), with more output than input
+  // channels and fewer (the weight gradient's product runs in whichever orientation has fewer rows, then is
+  // transposed into place when that is not the weight's own: all four cases); both agree with im2col. The
   // forward stays a convolution primitive; AMPFORGE_CPU_CONV_ALGO=direct keeps the gradients on the convolution
   // primitives too.
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
-  Tensor x = rnd({3, 24, 7, 5}, DType::F32, kNHWC);
-  Tensor w_plain = rnd({40, 24, 1, 1}, DType::F32);
-  Tensor w_t = rnd({24, 40, 1, 1}, DType::F32).transpose(0, 1);  // (40, 24, 1, 1), stride(0) == 1
+  for (const auto& [C, Co] : {std::pair<int64_t, int64_t>{24, 40}, {40, 24}}) {
+  Tensor x = rnd({3, C, 7, 5}, DType::F32, kNHWC);
+  Tensor w_plain = rnd({Co, C, 1, 1}, DType::F32);
+  Tensor w_t = rnd({C, Co, 1, 1}, DType::F32).transpose(0, 1);  // (Co, C, 1, 1), stride(0) == 1
   for (int64_t stride : {1, 2}) {
     const Conv2dAttrs a = conv_attrs(stride, stride, 0, 0, 1, 1, 1);
     const int64_t Ho = (7 - 1) / stride + 1, Wo = (5 - 1) / stride + 1;
     for (const Tensor& w : {w_plain, w_t}) {
-      const std::string what =
-          std::string(w.stride(1) == 1 ? "row-major weight" : "transposed weight") + ", stride " + std::to_string(stride);
+      const std::string what = std::string(w.stride(1) == 1 ? "row-major weight" : "transposed weight") + ", stride " +
+                               std::to_string(stride) + ", " + std::to_string(C) + " -> " + std::to_string(Co);
       const MemoryFormat of = ops::conv2d_memory_format(x, w);
-      Tensor gy = rnd({3, 40, Ho, Wo}, DType::F32, of);
+      Tensor gy = rnd({3, Co, Ho, Wo}, DType::F32, of);
       int64_t n = 0;
       const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, a, &n);
       ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "auto");
@@ -381,7 +384,7 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
       EXPECT_TRUE(last_impl_has("sgemm")) << what;
       // The kernel entry point writes a weight gradient of the weight's own strides.
       Tensor gw_view = w.stride(1) == 1 ? Tensor::empty(w.shape(), DType::F32, kCPU)
-                                        : Tensor::empty({24, 40, 1, 1}, DType::F32, kCPU).transpose(0, 1);
+                                        : Tensor::empty({C, Co, 1, 1}, DType::F32, kCPU).transpose(0, 1);
       ASSERT_TRUE(cpu::onednn_conv2d_backward_weight(gy, x, gw_view, a)) << what;
       expect_close(got.y, ref.y, what + " forward", 1);
       expect_close(gx, ref.gx, what + " grad_input", 1);
@@ -391,5 +394,6 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
       ops::conv2d_backward_input(gy, w, x.shape(), a, of);
       EXPECT_FALSE(last_impl_has("sgemm"));
     }
+  }
   }
 }

@@ -818,11 +818,9 @@ void batch_norm_kernel(const KernelArgs& args) {
       if (sh.rows && at.act != NormAct::SiLU && batch_norm_fused_f32()) {
         float* yp = static_cast<float*>(y.data_ptr());
         const bool relu = at.act == NormAct::ReLU;
-        if (rp != nullptr)
-          (relu ? f32_fwd_apply<true, true> : f32_fwd_apply<true, false>)(xp, rp, yp, sa.data(), sb.data(), sh.outer, C);
-        else
-          (relu ? f32_fwd_apply<false, true> : f32_fwd_apply<false, false>)(xp, rp, yp, sa.data(), sb.data(), sh.outer,
-                                                                             C);
+        const auto apply = rp != nullptr ? (relu ? f32_fwd_apply<true, true> : f32_fwd_apply<true, false>)
+                                         : (relu ? f32_fwd_apply<false, true> : f32_fwd_apply<false, false>);
+        apply(xp, rp, yp, sa.data(), sb.data(), sh.outer, C);
         return;
       }
     }
