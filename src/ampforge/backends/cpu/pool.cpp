@@ -176,10 +176,14 @@ void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx, co
     const MaxWindow wh{a.kernel[0], a.stride[0], a.padding[0], a.dilation[0], in.H};
     const MaxWindow ww{a.kernel[1], a.stride[1], a.padding[1], a.dilation[1], in.W};
     parallel_for(in.N, grain_for(OHW * C), [&](int64_t n0, int64_t n1) {
-      std::vector<A> acc(HW * C), g(C);
+      // F32/F64 accumulate in gx itself (no plane-sized buffer per call and no copy: ResNet-50's stem pool backward at
+      // batch 8, 2.49-2.67 -> 2.08-2.30 ms, min of 20, three alternations); 16-bit in a compute-type plane, converted
+      // at the end.
+      std::vector<A> plane(std::is_same_v<S, A> ? 0 : HW * C), g(C);
       std::vector<int32_t> idx32(C);
       for (int64_t n = n0; n < n1; ++n) {
-        std::fill(acc.begin(), acc.end(), A(0));
+        A* const acc = std::is_same_v<S, A> ? reinterpret_cast<A*>(gxp + n * HW * C) : plane.data();
+        std::fill(acc, acc + HW * C, A(0));
         for (int64_t oh = 0; oh < out.H; ++oh) {
           int64_t h0, h1;
           wh.range(oh, h0, h1);
@@ -194,12 +198,12 @@ void max_pool_backward(const Tensor& gy, const Tensor& ind, const Tensor& gx, co
             for (int64_t ih = h0; ih < h1; ih += wh.d)
               for (int64_t iw = w0; iw < w1; iw += ww.d) {
                 const int32_t here = static_cast<int32_t>(ih * in.W + iw);
-                A* dst = acc.data() + (ih * in.W + iw) * C;
+                A* dst = acc + (ih * in.W + iw) * C;
                 for (int64_t c = 0; c < C; ++c) dst[c] += xp[c] == here ? gp[c] : A(0);
               }
           }
         }
-        store_n<S, A>(acc.data(), gxp + n * HW * C, HW * C);
+        if constexpr (!std::is_same_v<S, A>) store_n<S, A>(acc, gxp + n * HW * C, HW * C);
       }
     });
     return;
