@@ -100,7 +100,7 @@ inline const A* as_compute(const S* p, A* buf, int64_t n) {
 
 // ---- batch norm ------------------------------------------------------------------------------------
 
-std::atomic<bool> g_bn_fused_f32{true};
+std::atomic<bool> g_bn_fused{true};
 
 struct BnShape {
   int64_t outer = 0;  // planes: N; rows: number of rows (N*H*W)
@@ -510,51 +510,94 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
   });
 }
 
-// ---- F32 rows layout: fused passes (norm_paths.h) -------------------------------------------------------
-// The backward of ResNet's batch norms (F32, channels-last, in training, activation None or ReLU, with or without the
-// residual) in two passes over the data that compute dz (the gradient before the activation) in registers: the
-// first adds dz and dz * (x - mean) into the sums as it goes (the residual form also writes dz to grad_residual), the
-// second recomputes dz (or reads it from grad_residual) and writes dx. Both prefetch (see prefetch_rows). The general
-// path (channel_sums + channel_apply with a loader) writes dz into a block buffer and reads it back, reads x twice
-// and keeps the per-channel coefficients tiled over 16384 values. ResNet-50 b8 step: batch_norm_backward 57.7 / 67.3
-// -> 40.6 / 40.7 ms (profile, two alternations; docs/PERFORMANCE.md). Same additions in the same order as
-// channel_sums (each channel adds its rows one by one per statistics block, blocks in order), same arithmetic per
-// element as the loaders and channel_apply: the same bits (test BatchNorm.F32ChannelsLastFusedPassesKeepTheGeneral
-// PathsBits). The forward's apply pass (f32_fwd_apply, below) likewise.
+// ---- Rows layout: fused passes (norm_paths.h) ------------------------------------------------------------
+// The backward of ResNet's batch norms (channels-last, in training, activation None or ReLU, with or without the
+// residual; F32, or BF16 storage computed in float) in two passes over the data that compute dz (the gradient
+// before the activation) in registers: the first adds dz and dz * (x - mean) into the sums as it goes (the residual
+// form also writes dz to grad_residual), the second recomputes dz (or reads it from grad_residual) and writes dx.
+// Both prefetch (see prefetch_rows). The general path (channel_sums + channel_apply with a loader) writes dz into a
+// block buffer and reads it back, reads x twice, converts BF16 blocks into buffers and keeps the per-channel
+// coefficients tiled over 16384 values. ResNet-50 b8 step: batch_norm_backward 57.7 / 67.3 -> 40.6 / 40.7 ms in F32
+// (profile, two alternations; docs/PERFORMANCE.md). Same additions in the same order as channel_sums (each channel
+// adds its rows one by one per statistics block, blocks in order), same arithmetic per element as the loaders and
+// channel_apply, same rounding to BF16 (round to nearest even, as store_n): the same bits (test
+// BatchNorm.ChannelsLastFusedPassesKeepTheGeneralPathsBits; one exception: a signalling NaN gradient that reaches
+// grad_residual in BF16 comes out quiet). The forward's apply pass (fused_fwd_apply, below) likewise.
+// F32 and BF16 only. F16 stays on the general path: its scalar tail (channel counts not a multiple of 8) rounded one
+// value in 726 differently in the test below, because GCC contracted the same expression into FMAs differently in
+// the two code instances (-ffp-contract=fast, GCC's default outside ISO mode), which the rounding to F16's
+// subnormals exposed.
+template <class S>
+inline constexpr bool kFusedStorage = std::is_same_v<S, float> || std::is_same_v<S, BFloat16>;
+
 enum class DzFrom {
   Grad,     // dz = g (no activation)
   ReluOfX,  // dz = g where x * scale[c] + shift[c] > 0 (the forward's ReLU input, recomputed)
   ReluOfY,  // dz = g where the forward's output y > 0 (residual form)
 };
 
-struct F32Bwd {
-  const float* g;    // incoming gradient (R, C)
-  const float* x;    // the forward's input (R, C)
-  const float* y;    // ReluOfY: the forward's output
-  float* store;      // residual form: dz is written here (grad_residual); else null
-  const float* sc;   // ReluOfX: the forward's scale and shift (C)
+template <class S>
+struct FusedBwd {
+  const S* g;         // incoming gradient (R, C)
+  const S* x;         // the forward's input (R, C)
+  const S* y;         // ReluOfY: the forward's output
+  S* store;           // residual form: dz is written here (grad_residual); else null
+  const float* sc;    // ReluOfX: the forward's scale and shift (C)
   const float* sh;
   int64_t R, C;
 };
 
-inline V8f load8(const float* p) {
-  V8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+// 8 values of storage type S as floats, and back (16 bits: round to nearest even, NaN kept quiet, as store_n).
+using V8u = uint32_t __attribute__((vector_size(32)));
+using V8h = uint16_t __attribute__((vector_size(16)));
+template <class S>
+inline V8f load8(const S* p) {
+  if constexpr (std::is_same_v<S, float>) {
+    V8f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else if constexpr (std::is_same_v<S, BFloat16>) {
+    V8h h;
+    std::memcpy(&h, p, sizeof h);
+    V8f v;
+    const V8u u = __builtin_convertvector(h, V8u) << 16;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  } else {
+    alignas(32) float f[8];
+    load_n<S, float>(p, f, 8);
+    return load8(f);
+  }
 }
-inline void store8(float* p, V8f v) { std::memcpy(p, &v, sizeof v); }
+template <class S>
+inline void store8(S* p, V8f v) {
+  if constexpr (std::is_same_v<S, float>) {
+    std::memcpy(p, &v, sizeof v);
+  } else if constexpr (std::is_same_v<S, BFloat16>) {
+    V8u u;
+    std::memcpy(&u, &v, sizeof u);
+    const V8u rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    const V8u r = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : rounded) >> 16;
+    const V8h h = __builtin_convertvector(r, V8h);
+    std::memcpy(p, &h, sizeof h);
+  } else {
+    alignas(32) float f[8];
+    std::memcpy(f, &v, sizeof v);
+    store_n<S, float>(f, p, 8);
+  }
+}
 
-template <DzFrom kFrom>
-inline float dz_scalar(const F32Bwd& a, int64_t off, int64_t c) {
-  const float gi = a.g[off];
-  if constexpr (kFrom == DzFrom::ReluOfX) return a.x[off] * a.sc[c] + a.sh[c] > 0.0f ? gi : 0.0f;
-  if constexpr (kFrom == DzFrom::ReluOfY) return a.y[off] > 0.0f ? gi : 0.0f;
+template <DzFrom kFrom, class S>
+inline float dz_scalar(const FusedBwd<S>& a, int64_t off, int64_t c) {
+  const float gi = static_cast<float>(a.g[off]);
+  if constexpr (kFrom == DzFrom::ReluOfX) return static_cast<float>(a.x[off]) * a.sc[c] + a.sh[c] > 0.0f ? gi : 0.0f;
+  if constexpr (kFrom == DzFrom::ReluOfY) return static_cast<float>(a.y[off]) > 0.0f ? gi : 0.0f;
   return gi;
 }
 
 // dz of 8 channels at off (x already loaded: xv; sc, sh: those channels' scale and shift for ReluOfX).
-template <DzFrom kFrom>
-inline V8f dz8(const F32Bwd& a, int64_t off, V8f xv, V8f sc, V8f sh) {
+template <DzFrom kFrom, class S>
+inline V8f dz8(const FusedBwd<S>& a, int64_t off, V8f xv, V8f sc, V8f sh) {
   const V8f gv = load8(a.g + off), zero = {};
   if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
   if constexpr (kFrom == DzFrom::ReluOfY) return load8(a.y + off) > zero ? gv : zero;
@@ -569,15 +612,15 @@ inline V16f load16(const float* p) {
 }
 inline void store16(float* p, V16f v) { std::memcpy(p, &v, sizeof v); }
 template <DzFrom kFrom>
-inline V16f dz16(const F32Bwd& a, int64_t off, V16f xv, V16f sc, V16f sh) {
+inline V16f dz16(const FusedBwd<float>& a, int64_t off, V16f xv, V16f sc, V16f sh) {
   const V16f gv = load16(a.g + off), zero = {};
   if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
   if constexpr (kFrom == DzFrom::ReluOfY) return load16(a.y + off) > zero ? gv : zero;
   return gv;
 }
 
-template <DzFrom kFrom>
-inline void prefetch_inputs(const F32Bwd& a, int64_t off) {
+template <DzFrom kFrom, class S>
+inline void prefetch_inputs(const FusedBwd<S>& a, int64_t off) {
   __builtin_prefetch(a.g + off, 0, 3);
   __builtin_prefetch(a.x + off, 0, 3);
   if constexpr (kFrom == DzFrom::ReluOfY) __builtin_prefetch(a.y + off, 0, 3);
@@ -585,9 +628,9 @@ inline void prefetch_inputs(const F32Bwd& a, int64_t off) {
 
 // Rows [t, t + m) of one statistics block, channels from c0 in groups of 8 * kV with the sums in registers across the
 // rows: pu[c] += dz, puv[c] += dz * (x - kb[c]). Returns the first channel not done.
-template <DzFrom kFrom, int kV>
-int64_t f32_bwd_sums_groups(const F32Bwd& a, int64_t t, int64_t m, int64_t c0, const double* kb, double* pu,
-                            double* puv) {
+template <DzFrom kFrom, int kV, class S>
+int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_t c0, const double* kb, double* pu,
+                              double* puv) {
   const int64_t C = a.C;
   const int64_t ahead = prefetch_rows(C) * C;
   for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
@@ -627,8 +670,8 @@ int64_t f32_bwd_sums_groups(const F32Bwd& a, int64_t t, int64_t m, int64_t c0, c
 
 // su[c] = sum(dz), suv[c] = sum(dz * (x - kb[c])) over fixed blocks of rows_per_block(C) rows, block partials added
 // in block order (channel_sums' partition and order); the residual form also writes dz to a.store.
-template <DzFrom kFrom>
-void f32_bwd_sums(const F32Bwd& a, const double* kb, double* su, double* suv) {
+template <DzFrom kFrom, class S>
+void fused_bwd_sums(const FusedBwd<S>& a, const double* kb, double* su, double* suv) {
   const int64_t C = a.C, R = a.R;
   std::fill(su, su + C, 0.0);
   std::fill(suv, suv + C, 0.0);
@@ -644,15 +687,15 @@ void f32_bwd_sums(const F32Bwd& a, const double* kb, double* su, double* suv) {
       double* puv = pu + Cp;
       std::fill(pu, pu + 2 * Cp, 0.0);
       const int64_t t = blk * block_rows, m = std::min(R, t + block_rows) - t;
-      int64_t c = f32_bwd_sums_groups<kFrom, 8>(a, t, m, 0, kb, pu, puv);
-      c = f32_bwd_sums_groups<kFrom, 1>(a, t, m, c, kb, pu, puv);
+      int64_t c = fused_bwd_sums_groups<kFrom, 8>(a, t, m, 0, kb, pu, puv);
+      c = fused_bwd_sums_groups<kFrom, 1>(a, t, m, c, kb, pu, puv);
       for (int64_t r = t; r < t + m && c < C; ++r)
         for (int64_t cc = c; cc < C; ++cc) {
           const int64_t off = r * C + cc;
           const float dz = dz_scalar<kFrom>(a, off, cc);
-          if (a.store != nullptr) a.store[off] = dz;
+          if (a.store != nullptr) a.store[off] = S(dz);
           const double u = static_cast<double>(dz);
-          const double v = static_cast<double>(a.x[off]) - kb[cc];
+          const double v = static_cast<double>(static_cast<float>(a.x[off])) - kb[cc];
           pu[cc] += u;
           puv[cc] += u * v;
         }
@@ -668,26 +711,28 @@ void f32_bwd_sums(const F32Bwd& a, const double* kb, double* su, double* suv) {
 }
 
 // out = dz * alpha[c] + (x - kb[c]) * beta[c] + gamma[c], row by row (channel_apply's kTwo arithmetic), 16 channels
-// per step, then 8, then one.
-template <DzFrom kFrom>
-void f32_bwd_apply(const F32Bwd& a, const float* alpha, const float* beta, const float* kb, const float* gamma,
-                   float* out) {
+// per step (F32), then 8, then one.
+template <DzFrom kFrom, class S>
+void fused_bwd_apply(const FusedBwd<S>& a, const float* alpha, const float* beta, const float* kb, const float* gamma,
+                     S* out) {
   const int64_t C = a.C;
   parallel_for(a.R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
-    const int64_t end = r1 * C;
     for (int64_t r = r0; r < r1; ++r) {
       int64_t c = 0;
-      for (; c + 16 <= C; c += 16) {
-        const int64_t off = r * C + c;
-        if (off + kPrefetchFloats < end) prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
-        const V16f xv = load16(a.x + off);
-        V16f sc{}, sh{};
-        if constexpr (kFrom == DzFrom::ReluOfX) sc = load16(a.sc + c), sh = load16(a.sh + c);
-        const V16f dz = dz16<kFrom>(a, off, xv, sc, sh);
-        store16(out + off, dz * load16(alpha + c) + (xv - load16(kb + c)) * load16(beta + c) + load16(gamma + c));
+      if constexpr (std::is_same_v<S, float>) {
+        for (; c + 16 <= C; c += 16) {
+          const int64_t off = r * C + c;
+          prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
+          const V16f xv = load16(a.x + off);
+          V16f sc{}, sh{};
+          if constexpr (kFrom == DzFrom::ReluOfX) sc = load16(a.sc + c), sh = load16(a.sh + c);
+          const V16f dz = dz16<kFrom>(a, off, xv, sc, sh);
+          store16(out + off, dz * load16(alpha + c) + (xv - load16(kb + c)) * load16(beta + c) + load16(gamma + c));
+        }
       }
       for (; c + 8 <= C; c += 8) {
         const int64_t off = r * C + c;
+        if (c % 32 == 0) prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
         const V8f xv = load8(a.x + off);
         V8f sc{}, sh{};
         if constexpr (kFrom == DzFrom::ReluOfX) sc = load8(a.sc + c), sh = load8(a.sh + c);
@@ -696,35 +741,48 @@ void f32_bwd_apply(const F32Bwd& a, const float* alpha, const float* beta, const
       }
       for (; c < C; ++c) {
         const int64_t off = r * C + c;
-        out[off] = dz_scalar<kFrom>(a, off, c) * alpha[c] + (a.x[off] - kb[c]) * beta[c] + gamma[c];
+        out[off] = S(dz_scalar<kFrom>(a, off, c) * alpha[c] + (static_cast<float>(a.x[off]) - kb[c]) * beta[c] +
+                     gamma[c]);
       }
     }
   });
 }
 
-// The forward's y = act(x * scale[c] + shift[c] [+ res]) for F32 rows, act None or ReLU: channel_apply's arithmetic
-// (one multiply-add, then the residual added, then the ReLU), 16 channels per step, with prefetch.
-template <bool kRes, bool kRelu>
-void f32_fwd_apply(const float* x, const float* res, float* y, const float* scale, const float* shift, int64_t R,
-                   int64_t C) {
+// The forward's y = act(x * scale[c] + shift[c] [+ res]) for rows, act None or ReLU: channel_apply's arithmetic (one
+// multiply-add, then the residual added, then the ReLU, then the rounding to S), with prefetch.
+template <bool kRes, bool kRelu, class S>
+void fused_fwd_apply(const S* x, const S* res, S* y, const float* scale, const float* shift, int64_t R, int64_t C) {
   parallel_for(R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int64_t c = 0;
-      for (; c + 16 <= C; c += 16) {
+      if constexpr (std::is_same_v<S, float>) {
+        for (; c + 16 <= C; c += 16) {
+          const int64_t off = r * C + c;
+          __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
+          if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
+          V16f o = load16(x + off) * load16(scale + c) + load16(shift + c);
+          if constexpr (kRes) o += load16(res + off);
+          if constexpr (kRelu) o = o > V16f{} ? o : V16f{};
+          store16(y + off, o);
+        }
+      }
+      for (; c + 8 <= C; c += 8) {
         const int64_t off = r * C + c;
-        __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
-        if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
-        V16f o = load16(x + off) * load16(scale + c) + load16(shift + c);
-        if constexpr (kRes) o += load16(res + off);
-        if constexpr (kRelu) o = o > V16f{} ? o : V16f{};
-        store16(y + off, o);
+        if (c % 32 == 0) {
+          __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
+          if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
+        }
+        V8f o = load8(x + off) * load8(scale + c) + load8(shift + c);
+        if constexpr (kRes) o += load8(res + off);
+        if constexpr (kRelu) o = o > V8f{} ? o : V8f{};
+        store8(y + off, o);
       }
       for (; c < C; ++c) {
         const int64_t off = r * C + c;
-        float o = x[off] * scale[c] + shift[c];
-        if constexpr (kRes) o += res[off];
+        float o = static_cast<float>(x[off]) * scale[c] + shift[c];
+        if constexpr (kRes) o += static_cast<float>(res[off]);
         if constexpr (kRelu) o = o > 0.0f ? o : 0.0f;
-        y[off] = o;
+        y[off] = S(o);
       }
     }
   });
@@ -814,12 +872,12 @@ void batch_norm_kernel(const KernelArgs& args) {
     std::vector<A> sa, sb;
     fold_scale_shift(mean, invstd, w, b, sa, sb);
     const S* rp = res.defined() ? static_cast<const S*>(res.data_ptr()) : nullptr;
-    if constexpr (std::is_same_v<S, float>) {
-      if (sh.rows && at.act != NormAct::SiLU && batch_norm_fused_f32()) {
-        float* yp = static_cast<float*>(y.data_ptr());
+    if constexpr (kFusedStorage<S>) {
+      if (sh.rows && at.act != NormAct::SiLU && batch_norm_fused()) {
+        S* yp = static_cast<S*>(y.data_ptr());
         const bool relu = at.act == NormAct::ReLU;
-        const auto apply = rp != nullptr ? (relu ? f32_fwd_apply<true, true> : f32_fwd_apply<true, false>)
-                                         : (relu ? f32_fwd_apply<false, true> : f32_fwd_apply<false, false>);
+        const auto apply = rp != nullptr ? (relu ? fused_fwd_apply<true, true, S> : fused_fwd_apply<true, false, S>)
+                                         : (relu ? fused_fwd_apply<false, true, S> : fused_fwd_apply<false, false, S>);
         apply(xp, rp, yp, sa.data(), sb.data(), sh.outer, C);
         return;
       }
@@ -862,16 +920,16 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
         sb = tiled(sb.data(), C, rows_per_block(C));
       }
     }
-    // F32 channels-last in training with dx wanted (ResNet's batch norms): the two fused passes above.
-    std::optional<F32Bwd> fast;
+    // Channels-last in training with dx wanted (ResNet's batch norms), float compute: the two fused passes above.
+    std::optional<FusedBwd<S>> fast;
     DzFrom from = DzFrom::Grad;
-    if constexpr (std::is_same_v<S, float>) {
+    if constexpr (kFusedStorage<S>) {
       if (sh.rows && at.training && gx.defined() && (at.act == NormAct::None || at.act == NormAct::ReLU) &&
-          batch_norm_fused_f32()) {
-        fast = F32Bwd{gp, xp, nullptr, nullptr, sa.data(), sb.data(), sh.outer, C};
+          batch_norm_fused()) {
+        fast = FusedBwd<S>{gp, xp, nullptr, nullptr, sa.data(), sb.data(), sh.outer, C};
         if (residual) {
-          fast->store = static_cast<float*>(gres.data_ptr());
-          if (at.act == NormAct::ReLU) fast->y = static_cast<const float*>(yfwd.data_ptr()), from = DzFrom::ReluOfY;
+          fast->store = static_cast<S*>(gres.data_ptr());
+          if (at.act == NormAct::ReLU) fast->y = static_cast<const S*>(yfwd.data_ptr()), from = DzFrom::ReluOfY;
         } else if (at.act == NormAct::ReLU) {
           from = DzFrom::ReluOfX;
         }
@@ -894,7 +952,7 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       bool dz_in_out = false;
       if constexpr (kAct == NormAct::SiLU && std::is_same_v<S, A>) dz_in_out = need_sums && at.training && gx.defined();
       if (need_sums && fast) {
-        with_from(from, [&](auto f) { f32_bwd_sums<decltype(f)::value>(*fast, mean.data(), sg.data(), sgx.data()); });
+        with_from(from, [&](auto f) { fused_bwd_sums<decltype(f)::value>(*fast, mean.data(), sg.data(), sgx.data()); });
       } else if (need_sums) {
         const std::vector<double> zero(C, 0.0);
         if constexpr (kAct == NormAct::SiLU) {
@@ -931,12 +989,12 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       }
       const std::vector<A> al = cast_vec<A>(alpha), be = cast_vec<A>(beta), ga = cast_vec<A>(gamma),
                            mu = cast_vec<A>(mean);
-      if constexpr (std::is_same_v<S, float>) {
+      if constexpr (kFusedStorage<S>) {
         if (fast) {
-          F32Bwd b = *fast;
+          FusedBwd<S> b = *fast;
           if (residual) b.g = b.store, b.store = nullptr;  // dz is in grad_residual
           with_from(residual ? DzFrom::Grad : from, [&](auto f) {
-            f32_bwd_apply<decltype(f)::value>(b, al.data(), be.data(), mu.data(), ga.data(), out);
+            fused_bwd_apply<decltype(f)::value>(b, al.data(), be.data(), mu.data(), ga.data(), out);
           });
           return;
         }
@@ -1116,8 +1174,8 @@ void layer_norm_backward_kernel(const KernelArgs& args) {
 
 }  // namespace
 
-void set_batch_norm_fused_f32(bool on) { g_bn_fused_f32.store(on, std::memory_order_relaxed); }
-bool batch_norm_fused_f32() { return g_bn_fused_f32.load(std::memory_order_relaxed); }
+void set_batch_norm_fused(bool on) { g_bn_fused.store(on, std::memory_order_relaxed); }
+bool batch_norm_fused() { return g_bn_fused.load(std::memory_order_relaxed); }
 
 void register_norm_cpu() {
   register_kernel(OpId::batch_norm, DeviceType::CPU, batch_norm_kernel);
