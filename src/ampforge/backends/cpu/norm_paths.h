@@ -5,7 +5,8 @@
 // activation runs the general path (loaders, block buffers, channel_sums / channel_apply). Both give the same bits
 // by construction (same partition of the statistics, same order of additions, same arithmetic per element, same
 // rounding to BF16), as long as the compiler contracts the shared expressions into FMAs alike in both (GCC 12 does
-// for F32 and BF16; not for F16, which therefore stays on the general path: norm.cpp, kFusedStorage). Turning the fused passes off makes the general path run everything, which is what
+// for F32 and BF16; not for F16, which therefore stays on the general path: norm.cpp, kFusedStorage).
+// Turning the fused passes off makes the general path run everything, which is what
 // BatchNorm.ChannelsLastFusedPassesKeepTheGeneralPathsBits compares against; nothing else should turn them off (the
 // general path is the slower one). Process-wide, not per thread.
 #pragma once
