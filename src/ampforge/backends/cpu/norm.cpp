@@ -277,6 +277,22 @@ inline V8d load8f(const float* p) {
   return __builtin_convertvector(v, V8d);
 }
 inline void store8d(double* p, V8d v) { std::memcpy(p, &v, sizeof v); }
+// kV vectors of 8 channels from c0: the partial sums and shifts into registers, and the sums back.
+template <int kV>
+inline void load_sums(const double* pu, const double* puv, const double* k, int64_t c0, V8d* su, V8d* suv, V8d* kv) {
+  for (int j = 0; j < kV; ++j) {
+    su[j] = load8d(pu + c0 + 8 * j);
+    suv[j] = load8d(puv + c0 + 8 * j);
+    kv[j] = load8d(k + c0 + 8 * j);
+  }
+}
+template <int kV>
+inline void store_sums(double* pu, double* puv, int64_t c0, const V8d* su, const V8d* suv) {
+  for (int j = 0; j < kV; ++j) {
+    store8d(pu + c0 + 8 * j, su[j]);
+    store8d(puv + c0 + 8 * j, suv[j]);
+  }
+}
 
 // The forward's statistics, where a is b and ka is kb (v = u): 64 channels at a time, 256 contiguous bytes of each
 // row per pass over the tile instead of 64 (the accumulators and shifts take 24 of the 32 vector registers). Same
@@ -288,11 +304,7 @@ int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const doub
   int64_t c0 = 0;
   for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
     V8d su[kV], suv[kV], k[kV];
-    for (int j = 0; j < kV; ++j) {
-      su[j] = load8d(pu + c0 + 8 * j);
-      suv[j] = load8d(puv + c0 + 8 * j);
-      k[j] = load8d(ka + c0 + 8 * j);
-    }
+    load_sums<kV>(pu, puv, ka, c0, su, suv, k);
     for (int64_t r = 0; r < m; ++r) {
       const float* ar = at + r * C + c0;
       for (int j = 0; j < kV; j += 2) __builtin_prefetch(ar + ahead + 8 * j, 0, 3);
@@ -302,10 +314,7 @@ int64_t sums_same_in_registers(const float* at, int64_t m, int64_t C, const doub
         suv[j] += u * u;
       }
     }
-    for (int j = 0; j < kV; ++j) {
-      store8d(pu + c0 + 8 * j, su[j]);
-      store8d(puv + c0 + 8 * j, suv[j]);
-    }
+    store_sums<kV>(pu, puv, c0, su, suv);
   }
   return c0;
 }
@@ -334,6 +343,39 @@ int64_t sums_in_registers(const float* at, const float* bt, int64_t m, int64_t C
   return c0;
 }
 
+// The rows layout's statistics blocks, shared by every kernel that sums per channel over rows (channel_sums and the
+// fused backward below), so they share the partition and the order of additions: blocks of rows_per_block(C) rows,
+// in parallel; block(t, m, pu, puv) adds rows [t, t + m) into its zeroed partials pu, puv (C values each), and the
+// partials are added into su, suv in block order. The partition depends on the shape only: the same bits for any
+// thread count. Each block's two accumulator rows start on a 64-byte boundary: the row loops add into them row after
+// row, and a vector store that straddles two cache lines is not forwarded to the next row's load.
+template <class Block>
+void rows_block_sums(int64_t R, int64_t C, double* su, double* suv, const Block& block) {
+  std::fill(su, su + C, 0.0);
+  std::fill(suv, suv + C, 0.0);
+  if (R == 0) return;
+  const int64_t block_rows = rows_per_block(C);
+  const int64_t nblk = (R + block_rows - 1) / block_rows;
+  const int64_t Cp = (C + 7) / 8 * 8;
+  std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
+  double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
+  parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      double* pu = partial + blk * 2 * Cp;
+      std::fill(pu, pu + 2 * Cp, 0.0);
+      const int64_t t = blk * block_rows;
+      block(t, std::min(R, t + block_rows) - t, pu, pu + Cp);
+    }
+  });
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const double* pu = partial + blk * 2 * Cp;
+    for (int64_t c = 0; c < C; ++c) {
+      su[c] += pu[c];
+      suv[c] += pu[Cp + c];
+    }
+  }
+}
+
 // Per-channel sums over the data: su[c] = sum(u), suv[c] = sum(u * v), where u = a - ka[c] and
 // v = b - kb[c] elementwise (a from load_a; a_is_b: a is b itself, loaded once). Fixed blocks, double
 // accumulation.
@@ -346,49 +388,33 @@ void channel_sums(const BnShape& sh, const LoadA& load_a, bool a_is_b, const S* 
   std::fill(suv, suv + C, 0.0);
   if (sh.count() == 0) return;
   if (sh.rows) {
-    const int64_t R = sh.outer;
-    const int64_t block_rows = rows_per_block(C);
-    const int64_t nblk = (R + block_rows - 1) / block_rows;
-    // Each block's two accumulator rows start on a 64-byte boundary: the row loop below adds into them row after
-    // row, and a vector store that straddles two cache lines is not forwarded to the next row's load.
-    const int64_t Cp = (C + 7) / 8 * 8;
-    std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
-    double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
     // A block is loaded whole (one loader call of up to ~16384 values), so that sums_in_registers keeps its
     // accumulators in registers across all its rows: with 1024-value tiles that was 1 to 4 rows for ResNet-50's 256-
     // to 2048-channel tensors (a reload and store of every accumulator per row or two). Each channel still adds its
     // rows one by one (same bits). Batch norm + ReLU forward and backward at (8, 1024, 14, 14) and (8, 2048, 7, 7):
     // ~15% faster (docs/PERFORMANCE.md).
-    parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<A> abuf(static_cast<size_t>(C * block_rows)), bbuf(static_cast<size_t>(C * block_rows));
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        double* pu = partial + blk * 2 * Cp;
-        double* puv = pu + Cp;
-        std::fill(pu, pu + 2 * Cp, 0.0);
-        const int64_t t = blk * block_rows, m = std::min(R, t + block_rows) - t;
-        const A* at = load_a(t * C, m * C, -1, abuf.data());
-        const A* bt = a_is_b ? at : as_compute<S, A>(b + t * C, bbuf.data(), m * C);
-        int64_t c_done = 0;
-        if constexpr (std::is_same_v<A, float>) c_done = sums_in_registers(at, bt, m, C, ka, kb, pu, puv);
-        for (int64_t r = 0; r < m && c_done < C; ++r) {
-          const A* ar = at + r * C;
-          const A* br = bt + r * C;
-          for (int64_t c = c_done; c < C; ++c) {
-            const double u = static_cast<double>(ar[c]) - ka[c];
-            const double v = static_cast<double>(br[c]) - kb[c];
-            pu[c] += u;
-            puv[c] += u * v;
-          }
+    const int64_t block_values = C * rows_per_block(C);
+    rows_block_sums(sh.outer, C, su, suv, [&](int64_t t, int64_t m, double* pu, double* puv) {
+      thread_local std::vector<A> abuf, bbuf;  // per thread: a parallel_for task calls this once per block
+      if (static_cast<int64_t>(abuf.size()) < block_values) {
+        abuf.resize(static_cast<size_t>(block_values));
+        bbuf.resize(static_cast<size_t>(block_values));
+      }
+      const A* at = load_a(t * C, m * C, -1, abuf.data());
+      const A* bt = a_is_b ? at : as_compute<S, A>(b + t * C, bbuf.data(), m * C);
+      int64_t c_done = 0;
+      if constexpr (std::is_same_v<A, float>) c_done = sums_in_registers(at, bt, m, C, ka, kb, pu, puv);
+      for (int64_t r = 0; r < m && c_done < C; ++r) {
+        const A* ar = at + r * C;
+        const A* br = bt + r * C;
+        for (int64_t c = c_done; c < C; ++c) {
+          const double u = static_cast<double>(ar[c]) - ka[c];
+          const double v = static_cast<double>(br[c]) - kb[c];
+          pu[c] += u;
+          puv[c] += u * v;
         }
       }
     });
-    for (int64_t blk = 0; blk < nblk; ++blk) {
-      const double* pu = partial + blk * 2 * Cp;
-      for (int64_t c = 0; c < C; ++c) {
-        su[c] += pu[c];
-        suv[c] += pu[Cp + c];
-      }
-    }
     return;
   }
   // planes: task (c, block of samples); a block covers about kBlockElems elements of one channel.
@@ -636,10 +662,8 @@ int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_
   for (; c0 + 8 * kV <= C; c0 += 8 * kV) {
     V8d su[kV], suv[kV], k[kV];
     V8f sc[kV], sh[kV];
+    load_sums<kV>(pu, puv, kb, c0, su, suv, k);
     for (int j = 0; j < kV; ++j) {
-      su[j] = load8d(pu + c0 + 8 * j);
-      suv[j] = load8d(puv + c0 + 8 * j);
-      k[j] = load8d(kb + c0 + 8 * j);
       if constexpr (kFrom == DzFrom::ReluOfX) {
         sc[j] = load8(a.sc + c0 + 8 * j);
         sh[j] = load8(a.sh + c0 + 8 * j);
@@ -660,10 +684,7 @@ int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_
         suv[j] += u * v;
       }
     }
-    for (int j = 0; j < kV; ++j) {
-      store8d(pu + c0 + 8 * j, su[j]);
-      store8d(puv + c0 + 8 * j, suv[j]);
-    }
+    store_sums<kV>(pu, puv, c0, su, suv);
   }
   return c0;
 }
@@ -672,42 +693,21 @@ int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_
 // in block order (channel_sums' partition and order); the residual form also writes dz to a.store.
 template <DzFrom kFrom, class S>
 void fused_bwd_sums(const FusedBwd<S>& a, const double* kb, double* su, double* suv) {
-  const int64_t C = a.C, R = a.R;
-  std::fill(su, su + C, 0.0);
-  std::fill(suv, suv + C, 0.0);
-  if (R == 0) return;
-  const int64_t block_rows = rows_per_block(C);
-  const int64_t nblk = (R + block_rows - 1) / block_rows;
-  const int64_t Cp = (C + 7) / 8 * 8;
-  std::vector<double> partial_mem(static_cast<size_t>(nblk * 2 * Cp + 8));
-  double* const partial = partial_mem.data() + (8 - (reinterpret_cast<uintptr_t>(partial_mem.data()) / 8) % 8) % 8;
-  parallel_for(nblk, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      double* pu = partial + blk * 2 * Cp;
-      double* puv = pu + Cp;
-      std::fill(pu, pu + 2 * Cp, 0.0);
-      const int64_t t = blk * block_rows, m = std::min(R, t + block_rows) - t;
-      int64_t c = fused_bwd_sums_groups<kFrom, 8>(a, t, m, 0, kb, pu, puv);
-      c = fused_bwd_sums_groups<kFrom, 1>(a, t, m, c, kb, pu, puv);
-      for (int64_t r = t; r < t + m && c < C; ++r)
-        for (int64_t cc = c; cc < C; ++cc) {
-          const int64_t off = r * C + cc;
-          const float dz = dz_scalar<kFrom>(a, off, cc);
-          if (a.store != nullptr) a.store[off] = S(dz);
-          const double u = static_cast<double>(dz);
-          const double v = static_cast<double>(static_cast<float>(a.x[off])) - kb[cc];
-          pu[cc] += u;
-          puv[cc] += u * v;
-        }
-    }
+  const int64_t C = a.C;
+  rows_block_sums(a.R, C, su, suv, [&](int64_t t, int64_t m, double* pu, double* puv) {
+    int64_t c = fused_bwd_sums_groups<kFrom, 8>(a, t, m, 0, kb, pu, puv);
+    c = fused_bwd_sums_groups<kFrom, 1>(a, t, m, c, kb, pu, puv);
+    for (int64_t r = t; r < t + m && c < C; ++r)
+      for (int64_t cc = c; cc < C; ++cc) {
+        const int64_t off = r * C + cc;
+        const float dz = dz_scalar<kFrom>(a, off, cc);
+        if (a.store != nullptr) a.store[off] = S(dz);
+        const double u = static_cast<double>(dz);
+        const double v = static_cast<double>(static_cast<float>(a.x[off])) - kb[cc];
+        pu[cc] += u;
+        puv[cc] += u * v;
+      }
   });
-  for (int64_t blk = 0; blk < nblk; ++blk) {
-    const double* pu = partial + blk * 2 * Cp;
-    for (int64_t c = 0; c < C; ++c) {
-      su[c] += pu[c];
-      suv[c] += pu[Cp + c];
-    }
-  }
 }
 
 // out = dz * alpha[c] + (x - kb[c]) * beta[c] + gamma[c], row by row (channel_apply's kTwo arithmetic), 16 channels
