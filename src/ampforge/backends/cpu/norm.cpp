@@ -605,7 +605,7 @@ inline void store8(S* p, V8f v) {
     const V8u rounded = u + 0x7fffu + ((u >> 16) & 1u);
     const V8u r = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : rounded) >> 16;
     const V8h h = __builtin_convertvector(r, V8h);
-    std::memcpy(p, &h, sizeof h);
+    std::memcpy(static_cast<void*>(p), &h, sizeof h);  // BFloat16 is its 16 bits
   } else {
     alignas(32) float f[8];
     std::memcpy(f, &v, sizeof v);
