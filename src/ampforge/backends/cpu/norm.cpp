@@ -252,10 +252,6 @@ struct MaskLoad {
   }
 };
 
-// channel_sums' rows loop for float data, 16 channels at a time with the sums in registers across the m rows of a
-// tile: the same additions in the same order as the loop in channel_sums (each channel adds its rows one by one,
-// starting from pu/puv), so the bits are those of that loop, without a store and reload of every accumulator per
-// row. Returns how many channels (a multiple of 16) it did; the caller does the rest.
 // Software prefetch. On the 2-vCPU VMs this was measured on, loops that do some arithmetic per cache line read from
 // DRAM at 20-30 GB/s without it and 50-90 GB/s with it (the hardware prefetchers keep too few lines in flight), while
 // a bare streaming loop gets the latter anyway: batch norm's statistics over (8, 64, 112, 112) ~1.6 -> ~0.7 ms
@@ -264,6 +260,10 @@ struct MaskLoad {
 constexpr int64_t kPrefetchFloats = 2048;
 inline int64_t prefetch_rows(int64_t C) { return std::max<int64_t>(8, kPrefetchFloats / std::max<int64_t>(C, 1)); }
 
+// channel_sums' rows loop for float data, 16 channels at a time with the sums in registers across the m rows of a
+// tile: the same additions in the same order as the loop in channel_sums (each channel adds its rows one by one,
+// starting from pu/puv), so the bits are those of that loop, without a store and reload of every accumulator per
+// row. Returns how many channels (a multiple of 16) it did; the caller does the rest.
 using V8d = double __attribute__((vector_size(64)));
 using V8f = float __attribute__((vector_size(32)));
 inline V8d load8d(const double* p) {
@@ -544,15 +544,15 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
 // Both prefetch (see prefetch_rows). The general path (channel_sums + channel_apply with a loader) writes dz into a
 // block buffer and reads it back, reads x twice, converts BF16 blocks into buffers and keeps the per-channel
 // coefficients tiled over 16384 values. ResNet-50 b8 step: batch_norm_backward 57.7 / 67.3 -> 40.6 / 40.7 ms in F32
-// (profile, two alternations; docs/PERFORMANCE.md). Same additions in the same order as channel_sums (each channel
+// (profile, two alternations), 170 -> 57 ms in BF16 (docs/PERFORMANCE.md). Same additions in the same order as channel_sums (each channel
 // adds its rows one by one per statistics block, blocks in order), same arithmetic per element as the loaders and
 // channel_apply, same rounding to BF16 (round to nearest even, as store_n): the same bits (test
 // BatchNorm.ChannelsLastFusedPassesKeepTheGeneralPathsBits; one exception: a signalling NaN gradient that reaches
 // grad_residual in BF16 comes out quiet). The forward's apply pass (fused_fwd_apply, below) likewise.
-// F32 and BF16 only. F16 stays on the general path: its scalar tail (channel counts not a multiple of 8) rounded one
-// value in 726 differently in the test below, because GCC contracted the same expression into FMAs differently in
-// the two code instances (-ffp-contract=fast, GCC's default outside ISO mode), which the rounding to F16's
-// subnormals exposed.
+// F32 and BF16 only. F16 stays on the general path: fused, its scalar tail (channel counts not a multiple of 8)
+// rounded one value in 726 differently in that test, because GCC contracted the same expression into FMAs
+// differently in the two code instances (-ffp-contract=fast, GCC's default outside ISO mode), which the rounding to
+// an F16 subnormal exposed.
 template <class S>
 inline constexpr bool kFusedStorage = std::is_same_v<S, float> || std::is_same_v<S, BFloat16>;
 
