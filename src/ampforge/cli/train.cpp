@@ -63,6 +63,10 @@ Command add_train_command(CLI::App& app) {
                   "converted by scripts/torchvision_to_safetensors.py); a mis-shaped head is reported and kept");
   sub->add_option("--epochs", c.epochs, "Epochs")->capture_default_str();
   sub->add_option("--batch", c.batch_size, "Batch size (per micro-batch with --accumulate)")->capture_default_str();
+  sub->add_option("--eval-batch", c.eval_batch_size,
+                  "Evaluation batch size (0: auto, the training batch for masked LM and images larger than 64x64, "
+                  "else 1000)")
+      ->capture_default_str();
   sub->add_option("--accumulate", c.accumulate,
                   "Gradient accumulation: micro-batches per optimizer step (effective batch = batch x N); 0 auto: "
                   "detection max(round(nbs / batch), 1) (gradients summed, as Ultralytics), else 1")

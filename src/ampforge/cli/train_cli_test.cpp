@@ -41,7 +41,7 @@ TEST(TrainCli, HelpAndUsageErrors) {
   EXPECT_NE(bad.out.find("fp8"), std::string::npos);
   for (const char* args : {"--accumulate -1", "--label-smoothing 1", "--lr-reference-batch -1", "--schedule nope",
                            "--optimizer adam", "--ema maybe", "--lrf 2", "--warmup-momentum 1", "--mosaic 1.5",
-                           "--close-mosaic -1", "--mosaic 0.5"}) {
+                           "--close-mosaic -1", "--mosaic 0.5", "--eval-batch -1"}) {
     CmdResult r = run_ampforge(std::string("train --dataset synthetic --no-progress ") + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));

@@ -39,9 +39,20 @@ namespace ampforge::train {
 
 namespace {
 
+}  // namespace
+
+int64_t eval_batch_size(const TrainConfig& c, bool masked_lm, const Shape& example_shape) {
+  if (c.eval_batch_size > 0) return c.eval_batch_size;
+  const bool small_images = !masked_lm && example_shape.size() == 3 && example_shape[1] * example_shape[2] <= 64 * 64;
+  return small_images ? 1000 : c.batch_size;
+}
+
+namespace {
+
 void validate(const TrainConfig& c) {
   AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
+  AF_CHECK(c.eval_batch_size >= 0, "--eval-batch must be >= 1 (0: auto), got {}", c.eval_batch_size);
   AF_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd" || c.optimizer == "auto",
            "--optimizer must be adamw, sgd or auto, got '{}'", c.optimizer);
   AF_CHECK(c.accumulate >= 0, "--accumulate must be >= 1 (0: auto), got {}", c.accumulate);
@@ -459,8 +470,7 @@ TrainResult train(const TrainConfig& config) {
   lo.normalize = !masked_lm;  // token ids stay ids
   data::LoaderOptions elo = lo;
   elo.shuffle = false;
-  // Masked LM: evaluation batches as large as training ones (a BERT batch of 1000 sequences would hold GiBs).
-  elo.batch_size = masked_lm ? cfg.batch_size : cfg.eval_batch_size;
+  elo.batch_size = eval_batch_size(cfg, masked_lm, ds.train->example_shape());
   elo.crop_padding = 0;
   elo.hflip = false;
 

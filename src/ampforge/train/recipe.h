@@ -81,7 +81,9 @@ struct TrainConfig {
   int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)
   int64_t synthetic_size = 2048;           // examples in the synthetic training split
   int64_t synthetic_classes = 10;          // classes of the synthetic data set
-  int64_t eval_batch_size = 1000;
+  // Evaluation batch. 0 (auto): the training batch for masked LM and for images larger than 64x64 (a batch of 1000
+  // 224-px images or BERT sequences would hold GiBs of activations), 1000 for small images (Fashion-MNIST).
+  int64_t eval_batch_size = 0;
   std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
   std::string resume;                      // checkpoint to resume from
   std::string memory_trace;                // record every allocation/free here (ampforge-memtrace v1)
@@ -118,6 +120,10 @@ TrainResult train(const TrainConfig& cfg);
 // by `ranks` data-parallel processes (the global batch is batch x ranks, as Ultralytics' DDP splits it).
 TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
                          int64_t classes, int64_t ranks = 1);
+
+// The evaluation batch the run uses: eval_batch_size, or for 0 (auto) the training batch for masked LM and images
+// larger than 64x64, and 1000 for smaller images. example_shape: one training example's (C, H, W) or (T).
+int64_t eval_batch_size(const TrainConfig& cfg, bool masked_lm, const Shape& example_shape);
 
 // The learning rate the run uses (lr, or lr scaled by the batch when lr_reference_batch > 0).
 double effective_lr(const TrainConfig& cfg);

@@ -20,6 +20,14 @@ using namespace ampforge::testutil;
 
 namespace {
 
+// A classification batch (no detection targets).
+data::Batch batch_of(const Tensor& x, const Tensor& y) {
+  data::Batch b;
+  b.x = x;
+  b.y = y;
+  return b;
+}
+
 struct StepSetup {
   nn::ModulePtr model;
   std::unique_ptr<optim::Optimizer> opt;
@@ -59,12 +67,12 @@ TEST(CudaTrainStep, GradScalerStepMakesNoHostSynchronisation) {
   std::vector<std::pair<Tensor, Tensor>> data;
   for (int i = 0; i < 6; ++i) data.push_back(batch(i, kCuda0));
   cuda::synchronize();
-  train::train_step(*s.model, s.task, *s.opt, *s.scaler, {data[0].first, data[0].second}, s.so);  // warm-up (lazy state)
+  train::train_step(*s.model, s.task, *s.opt, *s.scaler, batch_of(data[0].first, data[0].second), s.so);  // warm-up (lazy state)
   cuda::synchronize();
   const uint64_t before = cuda::host_sync_count();
   std::vector<Tensor> losses;
   for (int i = 1; i < 6; ++i)
-    losses.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, {data[i].first, data[i].second}, s.so).loss_tensor);
+    losses.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, batch_of(data[i].first, data[i].second), s.so).loss_tensor);
   EXPECT_EQ(cuda::host_sync_count(), before) << "five F16 steps with GradScaler waited on the host";
   cuda::synchronize();
   for (const Tensor& l : losses) EXPECT_TRUE(std::isfinite(l.item()));
@@ -79,19 +87,19 @@ TEST(CudaGraph, CapturedStepReplaysTheEagerLosses) {
     std::vector<double> eager;
     {
       StepSetup s = make_setup(kCuda0, precision);
-      for (auto& [x, y] : data) eager.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, {x, y}, s.so).loss_tensor.item());
+      for (auto& [x, y] : data) eager.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, batch_of(x, y), s.so).loss_tensor.item());
     }
     // Three eager warm-up steps, then capture once and replay for the rest.
     std::vector<double> graphed;
     StepSetup s = make_setup(kCuda0, precision);
     for (int i = 0; i < 3; ++i)
-      graphed.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, {data[i].first, data[i].second}, s.so).loss_tensor.item());
+      graphed.push_back(train::train_step(*s.model, s.task, *s.opt, *s.scaler, batch_of(data[i].first, data[i].second), s.so).loss_tensor.item());
     Tensor sx = Tensor::empty(data[0].first.shape(), DType::F32, kCuda0), sy = Tensor::empty(data[0].second.shape(), DType::I64, kCuda0);
     ops::copy_(sx, data[3].first);
     ops::copy_(sy, data[3].second);
     cuda::Graph g(0);
     g.capture_begin();
-    Tensor loss = train::train_step(*s.model, s.task, *s.opt, *s.scaler, {sx, sy}, s.so).loss_tensor;
+    Tensor loss = train::train_step(*s.model, s.task, *s.opt, *s.scaler, batch_of(sx, sy), s.so).loss_tensor;
     g.capture_end();
     EXPECT_GT(g.num_kernel_nodes(), 20) << "a CNN training step is many kernels";
     EXPECT_GE(g.num_nodes(), g.num_kernel_nodes());

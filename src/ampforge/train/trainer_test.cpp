@@ -201,6 +201,21 @@ TEST(Trainer, BadConfigIsRejected) {
   }
 }
 
+// --eval-batch: an explicit size wins; auto (0) keeps 1000 for small images (Fashion-MNIST's 28x28 and the synthetic
+// set's 32x32 up to 64x64) and uses the training batch for larger images and for masked LM (sequences).
+TEST(Trainer, EvalBatchFollowsTheFlagOrTheImageSize) {
+  using train::eval_batch_size;
+  train::TrainConfig c;
+  c.batch_size = 8;
+  EXPECT_EQ(eval_batch_size(c, false, Shape{1, 28, 28}), 1000);
+  EXPECT_EQ(eval_batch_size(c, false, Shape{3, 64, 64}), 1000);
+  EXPECT_EQ(eval_batch_size(c, false, Shape{3, 224, 224}), 8);
+  EXPECT_EQ(eval_batch_size(c, true, Shape{128}), 8);
+  c.eval_batch_size = 250;
+  EXPECT_EQ(eval_batch_size(c, false, Shape{3, 224, 224}), 250);
+  EXPECT_EQ(eval_batch_size(c, true, Shape{128}), 250);
+}
+
 TEST(Trainer, LearnsTheSyntheticTask) {
   train::TrainConfig c = small_config();
   c.synthetic_size = 512;
