@@ -573,43 +573,42 @@ struct FusedBwd {
   int64_t R, C;
 };
 
-// 8 values of storage type S as floats, and back (16 bits: round to nearest even, NaN kept quiet, as store_n).
-using V8u = uint32_t __attribute__((vector_size(32)));
-using V8h = uint16_t __attribute__((vector_size(16)));
-template <class S>
-inline V8f load8(const S* p) {
+// W floats (W = 8 or 16), loaded from and stored to storage type S: F32, or BF16 (round to nearest even, NaN kept
+// quiet, as store_n).
+template <int W>
+struct VecOf {
+  typedef float F __attribute__((vector_size(4 * W)));
+  typedef uint32_t U __attribute__((vector_size(4 * W)));
+  typedef uint16_t H __attribute__((vector_size(2 * W)));
+};
+template <int W>
+using VecF = typename VecOf<W>::F;
+template <int W, class S>
+inline VecF<W> loadv(const S* p) {
+  static_assert(kFusedStorage<S>);
+  VecF<W> v;
   if constexpr (std::is_same_v<S, float>) {
-    V8f v;
     std::memcpy(&v, p, sizeof v);
-    return v;
-  } else if constexpr (std::is_same_v<S, BFloat16>) {
-    V8h h;
-    std::memcpy(&h, p, sizeof h);
-    V8f v;
-    const V8u u = __builtin_convertvector(h, V8u) << 16;
-    std::memcpy(&v, &u, sizeof v);
-    return v;
   } else {
-    alignas(32) float f[8];
-    load_n<S, float>(p, f, 8);
-    return load8(f);
+    typename VecOf<W>::H h;
+    std::memcpy(&h, p, sizeof h);
+    const typename VecOf<W>::U u = __builtin_convertvector(h, typename VecOf<W>::U) << 16;
+    std::memcpy(&v, &u, sizeof v);
   }
+  return v;
 }
-template <class S>
-inline void store8(S* p, V8f v) {
+template <int W, class S>
+inline void storev(S* p, VecF<W> v) {
+  static_assert(kFusedStorage<S>);
   if constexpr (std::is_same_v<S, float>) {
     std::memcpy(p, &v, sizeof v);
-  } else if constexpr (std::is_same_v<S, BFloat16>) {
-    V8u u;
-    std::memcpy(&u, &v, sizeof u);
-    const V8u rounded = u + 0x7fffu + ((u >> 16) & 1u);
-    const V8u r = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : rounded) >> 16;
-    const V8h h = __builtin_convertvector(r, V8h);
-    std::memcpy(static_cast<void*>(p), &h, sizeof h);  // BFloat16 is its 16 bits
   } else {
-    alignas(32) float f[8];
-    std::memcpy(f, &v, sizeof v);
-    store_n<S, float>(f, p, 8);
+    typename VecOf<W>::U u;
+    std::memcpy(&u, &v, sizeof u);
+    const typename VecOf<W>::U rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    const typename VecOf<W>::U r = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : rounded) >> 16;
+    const typename VecOf<W>::H h = __builtin_convertvector(r, typename VecOf<W>::H);
+    std::memcpy(static_cast<void*>(p), &h, sizeof h);  // BFloat16 is its 16 bits
   }
 }
 
@@ -621,27 +620,12 @@ inline float dz_scalar(const FusedBwd<S>& a, int64_t off, int64_t c) {
   return gi;
 }
 
-// dz of 8 channels at off (x already loaded: xv; sc, sh: those channels' scale and shift for ReluOfX).
-template <DzFrom kFrom, class S>
-inline V8f dz8(const FusedBwd<S>& a, int64_t off, V8f xv, V8f sc, V8f sh) {
-  const V8f gv = load8(a.g + off), zero = {};
+// dz of W channels at off (x already loaded: xv; sc, sh: those channels' scale and shift for ReluOfX).
+template <int W, DzFrom kFrom, class S>
+inline VecF<W> dzv(const FusedBwd<S>& a, int64_t off, VecF<W> xv, VecF<W> sc, VecF<W> sh) {
+  const VecF<W> gv = loadv<W>(a.g + off), zero = {};
   if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
-  if constexpr (kFrom == DzFrom::ReluOfY) return load8(a.y + off) > zero ? gv : zero;
-  return gv;
-}
-
-using V16f = float __attribute__((vector_size(64)));
-inline V16f load16(const float* p) {
-  V16f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store16(float* p, V16f v) { std::memcpy(p, &v, sizeof v); }
-template <DzFrom kFrom>
-inline V16f dz16(const FusedBwd<float>& a, int64_t off, V16f xv, V16f sc, V16f sh) {
-  const V16f gv = load16(a.g + off), zero = {};
-  if constexpr (kFrom == DzFrom::ReluOfX) return xv * sc + sh > zero ? gv : zero;
-  if constexpr (kFrom == DzFrom::ReluOfY) return load16(a.y + off) > zero ? gv : zero;
+  if constexpr (kFrom == DzFrom::ReluOfY) return loadv<W>(a.y + off) > zero ? gv : zero;
   return gv;
 }
 
@@ -665,8 +649,8 @@ int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_
     load_sums<kV>(pu, puv, kb, c0, su, suv, k);
     for (int j = 0; j < kV; ++j) {
       if constexpr (kFrom == DzFrom::ReluOfX) {
-        sc[j] = load8(a.sc + c0 + 8 * j);
-        sh[j] = load8(a.sh + c0 + 8 * j);
+        sc[j] = loadv<8>(a.sc + c0 + 8 * j);
+        sh[j] = loadv<8>(a.sh + c0 + 8 * j);
       } else {
         sc[j] = sh[j] = V8f{};
       }
@@ -675,9 +659,9 @@ int64_t fused_bwd_sums_groups(const FusedBwd<S>& a, int64_t t, int64_t m, int64_
       const int64_t off = r * C + c0;
       for (int j = 0; j < kV; j += 2) prefetch_inputs<kFrom>(a, off + ahead + 8 * j);
       for (int j = 0; j < kV; ++j) {
-        const V8f xv = load8(a.x + off + 8 * j);
-        const V8f dz = dz8<kFrom>(a, off + 8 * j, xv, sc[j], sh[j]);
-        if (a.store != nullptr) store8(a.store + off + 8 * j, dz);
+        const V8f xv = loadv<8>(a.x + off + 8 * j);
+        const V8f dz = dzv<8, kFrom>(a, off + 8 * j, xv, sc[j], sh[j]);
+        if (a.store != nullptr) storev<8>(a.store + off + 8 * j, dz);
         const V8d u = __builtin_convertvector(dz, V8d);
         const V8d v = __builtin_convertvector(xv, V8d) - k[j];
         su[j] += u;
@@ -716,28 +700,28 @@ template <DzFrom kFrom, class S>
 void fused_bwd_apply(const FusedBwd<S>& a, const float* alpha, const float* beta, const float* kb, const float* gamma,
                      S* out) {
   const int64_t C = a.C;
+  // W channels at row offset off, channel c.
+  auto step = [&](auto width, int64_t off, int64_t c) {
+    constexpr int W = decltype(width)::value;
+    const VecF<W> xv = loadv<W>(a.x + off);
+    VecF<W> sc{}, sh{};
+    if constexpr (kFrom == DzFrom::ReluOfX) sc = loadv<W>(a.sc + c), sh = loadv<W>(a.sh + c);
+    const VecF<W> dz = dzv<W, kFrom>(a, off, xv, sc, sh);
+    storev<W>(out + off,
+              dz * loadv<W>(alpha + c) + (xv - loadv<W>(kb + c)) * loadv<W>(beta + c) + loadv<W>(gamma + c));
+  };
   parallel_for(a.R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int64_t c = 0;
       if constexpr (std::is_same_v<S, float>) {
         for (; c + 16 <= C; c += 16) {
-          const int64_t off = r * C + c;
-          prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
-          const V16f xv = load16(a.x + off);
-          V16f sc{}, sh{};
-          if constexpr (kFrom == DzFrom::ReluOfX) sc = load16(a.sc + c), sh = load16(a.sh + c);
-          const V16f dz = dz16<kFrom>(a, off, xv, sc, sh);
-          store16(out + off, dz * load16(alpha + c) + (xv - load16(kb + c)) * load16(beta + c) + load16(gamma + c));
+          prefetch_inputs<kFrom>(a, r * C + c + kPrefetchFloats);
+          step(std::integral_constant<int, 16>{}, r * C + c, c);
         }
       }
       for (; c + 8 <= C; c += 8) {
-        const int64_t off = r * C + c;
-        if (c % 32 == 0) prefetch_inputs<kFrom>(a, off + kPrefetchFloats);
-        const V8f xv = load8(a.x + off);
-        V8f sc{}, sh{};
-        if constexpr (kFrom == DzFrom::ReluOfX) sc = load8(a.sc + c), sh = load8(a.sh + c);
-        const V8f dz = dz8<kFrom>(a, off, xv, sc, sh);
-        store8(out + off, dz * load8(alpha + c) + (xv - load8(kb + c)) * load8(beta + c) + load8(gamma + c));
+        if (c % 32 == 0) prefetch_inputs<kFrom>(a, r * C + c + kPrefetchFloats);
+        step(std::integral_constant<int, 8>{}, r * C + c, c);
       }
       for (; c < C; ++c) {
         const int64_t off = r * C + c;
@@ -752,30 +736,30 @@ void fused_bwd_apply(const FusedBwd<S>& a, const float* alpha, const float* beta
 // multiply-add, then the residual added, then the ReLU, then the rounding to S), with prefetch.
 template <bool kRes, bool kRelu, class S>
 void fused_fwd_apply(const S* x, const S* res, S* y, const float* scale, const float* shift, int64_t R, int64_t C) {
+  // W channels at row offset off, channel c.
+  auto step = [&](auto width, int64_t off, int64_t c) {
+    constexpr int W = decltype(width)::value;
+    VecF<W> o = loadv<W>(x + off) * loadv<W>(scale + c) + loadv<W>(shift + c);
+    if constexpr (kRes) o += loadv<W>(res + off);
+    if constexpr (kRelu) o = o > VecF<W>{} ? o : VecF<W>{};
+    storev<W>(y + off, o);
+  };
+  auto prefetch = [&](int64_t off) {
+    __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
+    if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
+  };
   parallel_for(R, std::max<int64_t>(1, kElementwiseGrain / C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int64_t c = 0;
       if constexpr (std::is_same_v<S, float>) {
         for (; c + 16 <= C; c += 16) {
-          const int64_t off = r * C + c;
-          __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
-          if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
-          V16f o = load16(x + off) * load16(scale + c) + load16(shift + c);
-          if constexpr (kRes) o += load16(res + off);
-          if constexpr (kRelu) o = o > V16f{} ? o : V16f{};
-          store16(y + off, o);
+          prefetch(r * C + c);
+          step(std::integral_constant<int, 16>{}, r * C + c, c);
         }
       }
       for (; c + 8 <= C; c += 8) {
-        const int64_t off = r * C + c;
-        if (c % 32 == 0) {
-          __builtin_prefetch(x + off + kPrefetchFloats, 0, 3);
-          if constexpr (kRes) __builtin_prefetch(res + off + kPrefetchFloats, 0, 3);
-        }
-        V8f o = load8(x + off) * load8(scale + c) + load8(shift + c);
-        if constexpr (kRes) o += load8(res + off);
-        if constexpr (kRelu) o = o > V8f{} ? o : V8f{};
-        store8(y + off, o);
+        if (c % 32 == 0) prefetch(r * C + c);
+        step(std::integral_constant<int, 8>{}, r * C + c, c);
       }
       for (; c < C; ++c) {
         const int64_t off = r * C + c;
@@ -912,20 +896,21 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
     using A = compute_t<S>;
     const S* xp = static_cast<const S*>(x.data_ptr());
     const S* gp = static_cast<const S*>(g.data_ptr());
+    // Channels-last in training with dx wanted (ResNet's batch norms), float compute: the two fused passes above.
+    const bool fused = kFusedStorage<S> && sh.rows && at.training && gx.defined() &&
+                       (at.act == NormAct::None || at.act == NormAct::ReLU) && batch_norm_fused();
     std::vector<A> sa, sb;  // the forward's scale and shift (fused activation)
     if (at.act != NormAct::None && !residual) {
       fold_scale_shift(mean, invstd, w, bias, sa, sb);
-      if (sh.rows) {  // the loader indexes them by position in a tile of rows
+      if (sh.rows && !fused) {  // the general path's loader indexes them by position in a tile of rows
         sa = tiled(sa.data(), C, rows_per_block(C));  // the larger of the two kernels' tiles
         sb = tiled(sb.data(), C, rows_per_block(C));
       }
     }
-    // Channels-last in training with dx wanted (ResNet's batch norms), float compute: the two fused passes above.
     std::optional<FusedBwd<S>> fast;
     DzFrom from = DzFrom::Grad;
     if constexpr (kFusedStorage<S>) {
-      if (sh.rows && at.training && gx.defined() && (at.act == NormAct::None || at.act == NormAct::ReLU) &&
-          batch_norm_fused()) {
+      if (fused) {
         fast = FusedBwd<S>{gp, xp, nullptr, nullptr, sa.data(), sb.data(), sh.outer, C};
         if (residual) {
           fast->store = static_cast<S*>(gres.data_ptr());
@@ -951,8 +936,9 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       // SiLU in training: the sums pass leaves dz in grad_input and the last pass reads it from there.
       bool dz_in_out = false;
       if constexpr (kAct == NormAct::SiLU && std::is_same_v<S, A>) dz_in_out = need_sums && at.training && gx.defined();
-      if (need_sums && fast) {
-        with_from(from, [&](auto f) { fused_bwd_sums<decltype(f)::value>(*fast, mean.data(), sg.data(), sgx.data()); });
+      if (need_sums && fast) {  // fast is set for kFusedStorage<S> only
+        if constexpr (kFusedStorage<S>)
+          with_from(from, [&](auto f) { fused_bwd_sums<decltype(f)::value>(*fast, mean.data(), sg.data(), sgx.data()); });
       } else if (need_sums) {
         const std::vector<double> zero(C, 0.0);
         if constexpr (kAct == NormAct::SiLU) {
