@@ -1,10 +1,12 @@
 // CPU matmul (batched, broadcasting batch strides) and linear (x @ W^T + b, bias fused as beta = 1).
-// F32/F64 run on the tensors in place; F16/BF16 operands are converted to float matrices first (the
-// conversion is O(n^2) against the GEMM's O(n^3)) and the result is rounded once on store.
+// F32/F64 run on the tensors in place. BF16 runs on oneDNN's BF16 kernels where the CPU multiplies BF16 natively
+// (matmul_onednn.h); elsewhere, and for F16, operands are converted to float matrices first (the conversion is
+// O(n^2) against the GEMM's O(n^3)) and the result is rounded once on store.
 #include <vector>
 
 #include "ampforge/backends/cpu/gemm.h"
 #include "ampforge/backends/cpu/loops.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cpu/register.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
@@ -60,6 +62,7 @@ void matmul_kernel(const KernelArgs& a) {
     });
     return;
   }
+  if (onednn_matmul(A, B, out)) return;
   visit_float(dt, "matmul", [&](auto tag) {
     using S = decltype(tag);
     if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
@@ -91,6 +94,7 @@ void linear_kernel(const KernelArgs& a) {
   const Tensor* bias = a.inputs.size() > 2 && a.in(2).defined() ? &a.in(2) : nullptr;
   const Tensor& out = a.out(0);
   const int64_t M = x.size(0), K = x.size(1), N = W.size(0);
+  if (onednn_linear(x, W, bias, out)) return;
   visit_float(out.dtype(), "linear", [&](auto tag) {
     using S = decltype(tag);
     S* cp = static_cast<S*>(out.data_ptr());

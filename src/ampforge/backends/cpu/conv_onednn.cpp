@@ -45,19 +45,9 @@
 // in a map for the process; a training step of ResNet-50 holds ~150 entries. Problems that oneDNN cannot
 // run well are cached too, as "unusable", so the fallback decision is made once.
 //
-// Threads: Debian builds oneDNN on OpenMP (dnnl_config.h: DNNL_CPU_RUNTIME_OMP; no threadpool interface to
-// hand it our pool), so each call sets the calling thread's OpenMP thread count to get_num_threads() (1
-// when the caller is itself a pool worker, as nested parallel_for calls are serial) and executes on the
-// calling thread, whose OpenMP team then does the work. Our pool's workers would otherwise keep spinning
-// for the next parallel_for (~1 ms after each) on the cores the OpenMP team needs: a PoolIdleScope sends
-// them to sleep for the duration.
-//
-// Memory: primitives are created with scratchpad_mode::user, so the scratch they need (e.g. the F32
-// partial weight gradients of BF16 convolutions) and the reordered weights are buffers of this file, kept per
-// calling thread and reused from call to call (slot_buffer), outside the caching allocator as im2col's
-// column buffers are (conv.cpp): a CPU kernel's transient scratch
-// stays outside the caching allocator, which is what the meta device's CPU stand-in models (no kernel
-// scratch on the CPU), so `memory fit --device meta` keeps equalling a CPU step.
+// Threads and memory: the calling thread's OpenMP team runs each primitive, with our pool's workers asleep, and the
+// transient buffers of a call (scratchpad, reordered weights, blocked activations; e.g. the F32 partial weight
+// gradients of BF16 convolutions) are per-thread buffers reused from call to call: onednn_runtime.h says why.
 #include "ampforge/backends/cpu/conv_onednn.h"
 
 #include <atomic>
@@ -76,9 +66,7 @@
 #include "ampforge/util/thread_pool.h"
 
 #ifdef AMPFORGE_HAVE_ONEDNN
-#include <omp.h>
-
-#include <oneapi/dnnl/dnnl.hpp>
+#include "ampforge/backends/cpu/onednn_runtime.h"
 #endif
 
 namespace ampforge::cpu {
@@ -152,10 +140,8 @@ namespace dn = dnnl;
 using md = dn::memory::desc;
 using tag = dn::memory::format_tag;
 
-dn::engine& cpu_engine() {
-  static dn::engine e(dn::engine::kind::cpu, 0);
-  return e;
-}
+using onednn::slot_buffer;
+dn::engine& cpu_engine() { return onednn::engine(); }
 
 enum class Dir : int64_t { Forward, BackwardInput, BackwardWeight };
 
@@ -284,12 +270,6 @@ md weight_any_md(const Tensor& w, int64_t groups, dn::memory::data_type dt) {
   const int64_t Co = w.size(0), Cg = w.size(1), KH = w.size(2), KW = w.size(3);
   if (groups == 1) return md({Co, Cg, KH, KW}, dt, tag::any);
   return md({groups, Co / groups, Cg, KH, KW}, dt, tag::any);
-}
-
-// Sets the calling thread's OpenMP thread count (an ICV of this thread only), before a primitive is created
-// (oneDNN sizes its work partition by it) and before it runs.
-void set_omp_threads(int n) {
-  if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
 std::shared_ptr<const Prim> create(const Problem& p) {
@@ -422,43 +402,14 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
   return prim;
 }
 
-// The transient buffers of a call (scratchpad, reordered weights, blocked activations), kept per calling thread
-// and reused: each slot grows to the largest request it has seen and is never shrunk. Taking them from the heap
-// per call cost a fifth of a ResNet-50 step: buffers this size (up to tens of MB) are mmap'ed by glibc, so every
-// call page-faulted them in again and unmapped them after (ResNet-50 b8 224 fp32 bench run: 792 -> 607-634 ms per
-// step, 285,242 -> 55,061 page faults per run, none left per step; docs/PERFORMANCE.md). What a thread keeps is bounded by
-// the largest convolution it ran, per slot: 71 MiB after ResNet-50 b8 224 fp32 and bf16 steps (scratchpad 44, weights
-// 9, image 12, output 6), 30 MiB after YOLOv8n b2 640 (onednn_scratch_bytes() reports it; outside the caching
-// allocator's statistics, next to its ~0.9 GiB peak for that ResNet-50 step).
-enum Slot { kScratch, kWeights, kImage, kOut, kSlots };
-struct FreeAligned {
-  void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
-};
-using Buffer = std::unique_ptr<void, FreeAligned>;
-std::atomic<int64_t> g_scratch_bytes{0}, g_scratch_grows{0};
-
-struct Slots {
-  Buffer buf[kSlots];
-  size_t cap[kSlots] = {};
-  ~Slots() {
-    for (size_t c : cap) g_scratch_bytes.fetch_sub(static_cast<int64_t>(c), std::memory_order_relaxed);
-  }
-};
-
-// The calling thread's buffer for `slot`, at least `bytes` long and aligned for AVX-512 loads; null when
-// bytes == 0. Valid until the next call for the same slot on this thread.
-void* slot_buffer(Slot slot, size_t bytes) {
-  if (bytes == 0) return nullptr;
-  thread_local Slots slots;
-  if (slots.cap[slot] < bytes) {
-    slots.buf[slot].reset();  // free first: the old and the new one need not both be resident
-    slots.buf[slot] = Buffer(::operator new[](bytes, std::align_val_t{64}));
-    g_scratch_bytes.fetch_add(static_cast<int64_t>(bytes - slots.cap[slot]), std::memory_order_relaxed);
-    g_scratch_grows.fetch_add(1, std::memory_order_relaxed);
-    slots.cap[slot] = bytes;
-  }
-  return slots.buf[slot].get();
-}
+// What a thread keeps in its slots (onednn_runtime.h) is bounded by the largest convolution it ran, per slot: 71 MiB
+// after ResNet-50 b8 224 fp32 and bf16 steps (scratchpad 44, weights 9, image 12, output 6), 30 MiB after YOLOv8n b2
+// 640 (onednn_scratch_bytes() reports it; outside the caching allocator's statistics, next to its ~0.9 GiB peak for
+// that ResNet-50 step).
+using onednn::kImage;
+using onednn::kOut;
+using onednn::kScratch;
+using onednn::kWeights;
 
 // nhwc <-> nChw16c copy of an activation whose channels are a multiple of 16 (blocked_fits): one 16-channel run
 // per pixel and channel block, tiles of 64 pixels (at most 64 x C elements read or written per tile, in L1).
@@ -500,7 +451,7 @@ void blocked_copy(const md& user, const void* src, void* dst, bool to_blocked) {
 // Runs a usable primitive for p (whose tensors it reads and writes).
 void execute(const Prim& prim, const Problem& p) {
   dn::engine& eng = cpu_engine();
-  thread_local dn::stream stream(cpu_engine());
+  dn::stream& stream = onednn::thread_stream();
   void* const scratch = slot_buffer(kScratch, prim.scratch_md.get_size());
   void* const wtmp = slot_buffer(kWeights, prim.reorder ? prim.weight_prim_md.get_size() : 0);
   dn::memory image_user(prim.image_md, eng, p.image->data_ptr());
@@ -696,12 +647,11 @@ bool run_pointwise_gemm(const Problem& p) {
 
 bool run(const Problem& p) {
   if (!onednn_dtype(p.dtype) || p.image->size(0) == 0) return false;
-  const int threads = in_parallel_region() ? 1 : get_num_threads();
+  const int threads = onednn::set_threads_for_call();
   Problem q = p;
   q.threads = threads;
   const CpuConvAlgo algo = cpu_conv_algo();
   q.variant = algo == CpuConvAlgo::Auto ? auto_variant(p) : Variant::Direct;
-  set_omp_threads(threads);
   if (algo != CpuConvAlgo::Direct && run_pointwise_gemm(q)) {
     set_last_impl("sgemm (1x1 as a matrix product)");
     g_executions.fetch_add(1, std::memory_order_relaxed);
@@ -717,8 +667,8 @@ bool run(const Problem& p) {
 
 }  // namespace
 
-int64_t onednn_scratch_bytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
-int64_t onednn_scratch_grows() { return g_scratch_grows.load(std::memory_order_relaxed); }
+int64_t onednn_scratch_bytes() { return onednn::slot_bytes(); }
+int64_t onednn_scratch_grows() { return onednn::slot_grows(); }
 int64_t onednn_benchmarked_problems() { return g_benchmarked.load(std::memory_order_relaxed); }
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,

@@ -1,0 +1,192 @@
+// Tests of the BF16 matrix products on oneDNN (matmul_onednn.h), through ops::matmul and ops::linear:
+//   - AMPFORGE_CPU_MATMUL switches the path: the oneDNN execution counter moves exactly when BF16 products are
+//     oneDNN's here (a build with oneDNN on a CPU with AVX512_BF16 or AMX), never with "blas"; a bad value, or
+//     "onednn" in a build without oneDNN, is a clear error;
+//   - on both paths, every operand layout the engine hands the kernels (plain, transposed views as the backward
+//     pass makes them, batches with a broadcast operand, a padded row stride, 4-D attention-like batches, vectors,
+//     linear with and without a bias of any stride) gives the product of the BF16 inputs computed in F64, within
+//     the BF16 row of the tolerance table; the two paths also agree with each other at that row;
+//   - a layout oneDNN cannot describe (a zero stride inside a matrix) is declined and computed by the other path.
+// On a CPU without native BF16 the counter must stay still: the tests then check the fallback, and say so.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ampforge/backends/cpu/conv_onednn.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
+#include "ampforge/core/tolerance.h"
+#include "ampforge/ops/ops.h"
+#include "ampforge/util/env_test_util.h"
+
+using namespace ampforge;
+using ampforge::testutil::ScopedEnv;
+
+namespace {
+
+Generator& gen() {
+  static Generator g(4242);
+  return g;
+}
+
+Tensor rnd_bf16(const Shape& s) { return ops::to_dtype(ops::randn(s, DType::F32, kCPU, &gen()), DType::BF16); }
+
+// The transpose of the last two dims, as a view (what autograd's backward hands matmul).
+Tensor mT(const Tensor& t) {
+  std::vector<int64_t> p(static_cast<size_t>(t.dim()));
+  for (int i = 0; i < t.dim(); ++i) p[static_cast<size_t>(i)] = i;
+  std::swap(p[p.size() - 1], p[p.size() - 2]);
+  return ops::permute(t, p);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const ToleranceEntry t = tolerance(DType::BF16);
+  const std::vector<double> g = got.tolist<double>(), e = want.tolist<double>();
+  const CloseResult r = tolerance_close(
+      static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
+      t.atol);
+  EXPECT_TRUE(r.ok) << what << ": " << r.mismatches << " mismatches, worst element " << r.worst << ": "
+                    << r.actual_at_worst << " against " << r.expected_at_worst << " (error / bound " << r.max_ratio
+                    << ")";
+}
+
+struct Case {
+  std::string name;
+  // The product on BF16 operands (the case builds its operands once; called once per path).
+  std::function<Tensor()> bf16;
+  // The same product on F64 copies of those operands.
+  std::function<Tensor()> f64;
+  bool onednn_describes = true;  // false: a layout oneDNN is not given (the kernel must decline it)
+};
+
+Tensor f64(const Tensor& t) { return ops::to_dtype(t, DType::F64); }
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  auto mm = [&](std::string name, Tensor a, Tensor b, bool describes = true) {
+    c.push_back({std::move(name), [a, b] { return ops::matmul(a, b); },
+                 [a, b] { return ops::matmul(f64(a), f64(b)); }, describes});
+  };
+  auto lin = [&](std::string name, Tensor x, Tensor w, Tensor bias, bool describes = true) {
+    c.push_back({std::move(name), [x, w, bias] { return ops::linear(x, w, bias); },
+                 [x, w, bias] { return ops::linear(f64(x), f64(w), bias.defined() ? f64(bias) : Tensor()); },
+                 describes});
+  };
+  mm("plain", rnd_bf16({37, 70}), rnd_bf16({70, 45}));
+  mm("a_transposed", mT(rnd_bf16({70, 37})), rnd_bf16({70, 45}));  // gy^T @ x of a weight gradient
+  mm("b_transposed", rnd_bf16({37, 70}), mT(rnd_bf16({45, 70})));  // gy @ W of an input gradient
+  mm("both_transposed", mT(rnd_bf16({70, 37})), mT(rnd_bf16({45, 70})));
+  mm("batched", rnd_bf16({3, 19, 33}), rnd_bf16({3, 33, 21}));
+  mm("batched_b_broadcast", rnd_bf16({3, 19, 33}), rnd_bf16({33, 21}));  // B's batch stride is 0
+  mm("batched_a_broadcast", rnd_bf16({19, 33}), rnd_bf16({3, 33, 21}));
+  // Attention: q (B, H, S, D) @ k^T with q and k strided views of (B, S, H, D) projections.
+  {
+    Tensor q = ops::permute(rnd_bf16({2, 17, 3, 16}), {0, 2, 1, 3});
+    Tensor k = ops::permute(rnd_bf16({2, 17, 3, 16}), {0, 2, 3, 1});
+    mm("attention_scores", q, k);
+  }
+  mm("padded_rows", ops::narrow(rnd_bf16({37, 96}), 1, 5, 70), ops::narrow(rnd_bf16({70, 64}), 1, 3, 45));
+  mm("vector_matrix", rnd_bf16({70}), rnd_bf16({70, 45}));
+  mm("matrix_vector", rnd_bf16({37, 70}), rnd_bf16({70}));
+  mm("k_is_1", rnd_bf16({37, 1}), rnd_bf16({1, 45}));
+  // A row repeated down the matrix: stride 0 inside A, which oneDNN's descriptors cannot say.
+  mm("zero_row_stride", ops::expand(rnd_bf16({1, 70}), {37, 70}), rnd_bf16({70, 45}), false);
+  lin("linear_bias", rnd_bf16({29, 70}), rnd_bf16({45, 70}), rnd_bf16({45}));
+  lin("linear_no_bias", rnd_bf16({29, 70}), rnd_bf16({45, 70}), Tensor());
+  lin("linear_transposed_weight", rnd_bf16({29, 70}), mT(rnd_bf16({70, 45})), rnd_bf16({45}));
+  // oneDNN 2.6 reads a bias as dense whatever its stride (this case caught it): declined.
+  lin("linear_strided_bias", rnd_bf16({29, 70}), rnd_bf16({45, 70}), ops::slice(rnd_bf16({90}), 0, 0, 90, 2), false);
+  lin("linear_one_row", rnd_bf16({1, 70}), rnd_bf16({45, 70}), rnd_bf16({45}));
+  return c;
+}
+
+TEST(CpuMatmulOneDnn, EveryLayoutMatchesF64OnBothPaths) {
+  const bool active = [] {
+    ScopedEnv env("AMPFORGE_CPU_MATMUL", std::nullopt);
+    return cpu::onednn_bf16_matmul_active();
+  }();
+  if (!active)
+    std::cout << "note: BF16 products are not oneDNN's here (no oneDNN in this build, or no AVX512_BF16/AMX): "
+                 "checking that the conversion path answers every case and oneDNN is never called\n";
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(k.name);
+    const Tensor want = k.f64();
+    Tensor on_blas, on_auto;
+    {
+      ScopedEnv env("AMPFORGE_CPU_MATMUL", "blas");
+      const int64_t before = cpu::onednn_matmul_executions();
+      on_blas = k.bf16();
+      EXPECT_EQ(cpu::onednn_matmul_executions(), before) << "AMPFORGE_CPU_MATMUL=blas still ran oneDNN";
+    }
+    {
+      ScopedEnv env("AMPFORGE_CPU_MATMUL", std::nullopt);
+      const int64_t before = cpu::onednn_matmul_executions();
+      on_auto = k.bf16();
+      const int64_t ran = cpu::onednn_matmul_executions() - before;
+      EXPECT_EQ(ran, active && k.onednn_describes ? 1 : 0)
+          << "last oneDNN implementation: '" << cpu::onednn_matmul_last_impl() << "'";
+      if (active && !k.onednn_describes) {
+        EXPECT_NE(cpu::onednn_matmul_last_impl().find("declined"), std::string::npos)
+            << cpu::onednn_matmul_last_impl();
+      }
+    }
+    ASSERT_EQ(on_auto.dtype(), DType::BF16);
+    expect_close(on_blas, want, "conversion path against F64");
+    expect_close(on_auto, want, "default path against F64");
+    expect_close(on_auto, on_blas, "default path against the conversion path");
+  }
+}
+
+// Larger products, the sizes of BERT's layers at a short sequence, where a wrong blocking or tail would show.
+TEST(CpuMatmulOneDnn, ModelSizedProductsMatchTheConversionPath) {
+  const Tensor x = rnd_bf16({96, 768}), w = rnd_bf16({3072, 768}), b = rnd_bf16({3072});
+  const Tensor gy = rnd_bf16({96, 3072});
+  auto products = [&] {
+    return std::vector<Tensor>{ops::linear(x, w, b), ops::matmul(gy, w), ops::matmul(mT(gy), x)};
+  };
+  std::vector<Tensor> blas, dflt;
+  {
+    ScopedEnv env("AMPFORGE_CPU_MATMUL", "blas");
+    blas = products();
+  }
+  {
+    ScopedEnv env("AMPFORGE_CPU_MATMUL", std::nullopt);
+    dflt = products();
+  }
+  // K = 768 or 3072 or 96 terms: the table's BF16 row holds for the rounding of the output, the F32 sums differ
+  // by far less.
+  const char* what[] = {"linear forward", "input gradient", "weight gradient"};
+  for (size_t i = 0; i < blas.size(); ++i) expect_close(dflt[i], blas[i], what[i]);
+}
+
+TEST(CpuMatmulOneDnn, BadPathValueIsAClearError) {
+  const Tensor a = rnd_bf16({4, 5}), b = rnd_bf16({5, 3});
+  {
+    ScopedEnv env("AMPFORGE_CPU_MATMUL", "mkl");
+    try {
+      (void)ops::matmul(a, b);
+      FAIL() << "AMPFORGE_CPU_MATMUL=mkl was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("AMPFORGE_CPU_MATMUL=mkl"), std::string::npos) << e.what();
+    }
+  }
+  {
+    ScopedEnv env("AMPFORGE_CPU_MATMUL", "onednn");
+    if (cpu::onednn_built()) {
+      EXPECT_EQ(cpu::cpu_matmul_path(), cpu::CpuMatmulPath::OneDnn);
+      EXPECT_NO_THROW((void)ops::matmul(a, b));
+    } else {
+      try {
+        (void)ops::matmul(a, b);
+        FAIL() << "AMPFORGE_CPU_MATMUL=onednn was accepted by a build without oneDNN";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("no oneDNN"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+}  // namespace
