@@ -2,6 +2,7 @@
 // F32/F64 run on the tensors in place. BF16 runs on oneDNN's BF16 kernels where the CPU multiplies BF16 natively
 // (matmul_onednn.h); elsewhere, and for F16, operands are converted to float matrices first (the conversion is
 // O(n^2) against the GEMM's O(n^3)) and the result is rounded once on store.
+#include <algorithm>
 #include <vector>
 
 #include "ampforge/backends/cpu/gemm.h"
@@ -10,22 +11,57 @@
 #include "ampforge/backends/cpu/register.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
+#include "ampforge/util/thread_pool.h"
 
 namespace ampforge::cpu {
 namespace {
 
-// A float copy of a strided 2-D slice, row-major.
-template <class S>
-std::vector<float> to_float_matrix(const S* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  std::vector<float> m(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    if (cs == 1) {
-      load_n<S, float>(p + i * rs, m.data() + i * cols, cols);
-    } else {
-      for (int64_t j = 0; j < cols; ++j) m[i * cols + j] = static_cast<float>(p[i * rs + j * cs]);
-    }
+// The float buffers of the conversion path, kept per calling thread and grown to the largest request (never shrunk):
+// a fresh vector per call made glibc mmap tens of MB (BERT-base's 30522 x 768 vocabulary weight: 94 MB) and page
+// them in on every call. Slots: A, B, C of a product. Outside the caching allocator, as the convolutions' scratch.
+enum FloatSlot { kSlotA, kSlotB, kSlotC, kFloatSlots };
+float* float_buffer(FloatSlot slot, int64_t n) {
+  thread_local std::vector<float> bufs[kFloatSlots];
+  std::vector<float>& b = bufs[slot];
+  if (static_cast<int64_t>(b.size()) < n) {
+    b = std::vector<float>();  // free first: the old and the new one need not both be resident
+    b.resize(static_cast<size_t>(n));
   }
-  return m;
+  return b.data();
+}
+
+// A float copy of a strided (rows, cols) slice in `dst`, laid out the way the source runs: row-major when its
+// column stride is 1 (or neither stride is), column-major when its row stride is 1, so that every run converts
+// contiguous values with the vector loads of load_n (a transposed view, as backward passes hand matmul, was
+// gathered element by element across rows: 77 ms of a 94 ms F16 product of BERT's vocabulary gradient). Returns the
+// copy as gemm_f32 takes it. Runs are converted in parallel when the copy is large and the caller allows it.
+template <class S>
+MatRef to_float(const S* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, float* dst, bool parallel) {
+  const bool col_major = cs != 1 && rs == 1;
+  const int64_t runs = col_major ? cols : rows, len = col_major ? rows : cols, step = col_major ? cs : rs;
+  auto convert = [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (col_major || cs == 1) {
+        load_n<S, float>(p + r * step, dst + r * len, len);
+      } else {
+        for (int64_t j = 0; j < len; ++j) dst[r * len + j] = static_cast<float>(p[r * rs + j * cs]);
+      }
+    }
+  };
+  if (parallel && rows * cols >= (int64_t{1} << 16))
+    parallel_for(runs, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(len, 1)), convert);
+  else
+    convert(0, runs);
+  return col_major ? MatRef{dst, 1, rows} : MatRef{dst, cols, 1};
+}
+
+// Rounds the float product (M x N, row-major) into out, in parallel when large and allowed.
+template <class S>
+void store_rounded(const float* c, S* out, int64_t n, bool parallel) {
+  if (parallel && n >= (int64_t{1} << 16))
+    parallel_for(n, int64_t{1} << 14, [=](int64_t i0, int64_t i1) { store_n<S, float>(c + i0, out + i0, i1 - i0); });
+  else
+    store_n<S, float>(c, out, n);
 }
 
 // out[b] = A[b] @ B[b]; A (Bt, M, K), B (Bt, K, N), out (Bt, M, N) contiguous.
@@ -70,11 +106,11 @@ void matmul_kernel(const KernelArgs& a) {
       const S* bp = static_cast<const S*>(B.data_ptr());
       S* cp = static_cast<S*>(out.data_ptr());
       auto one = [&](int64_t b, bool par) {
-        auto af = to_float_matrix(ap + b * A.stride(0), M, K, A.stride(1), A.stride(2));
-        auto bf = to_float_matrix(bp + b * B.stride(0), K, N, B.stride(1), B.stride(2));
-        std::vector<float> cf(static_cast<size_t>(M * N));
-        gemm_f32(M, N, K, 1.0f, MatRef{af.data(), K, 1}, MatRef{bf.data(), N, 1}, 0.0f, cf.data(), N, par);
-        store_n<S, float>(cf.data(), cp + b * M * N, M * N);
+        const MatRef af = to_float(ap + b * A.stride(0), M, K, A.stride(1), A.stride(2), float_buffer(kSlotA, M * K), par);
+        const MatRef bf = to_float(bp + b * B.stride(0), K, N, B.stride(1), B.stride(2), float_buffer(kSlotB, K * N), par);
+        float* cf = float_buffer(kSlotC, M * N);
+        gemm_f32(M, N, K, 1.0f, af, bf, 0.0f, cf, N, par);
+        store_rounded<S>(cf, cp + b * M * N, M * N, par);
       };
       if (batch >= get_num_threads() && M * N * K < (1 << 21)) {
         parallel_for(batch, 1, [&](int64_t b0, int64_t b1) {
@@ -113,15 +149,20 @@ void linear_kernel(const KernelArgs& a) {
       else
         gemm_f64(M, N, K, 1.0, xr, wr, beta, cp, N);
     } else {
-      auto xf = to_float_matrix(static_cast<const S*>(x.data_ptr()), M, K, x.stride(0), x.stride(1));
-      auto wf = to_float_matrix(static_cast<const S*>(W.data_ptr()), N, K, W.stride(0), W.stride(1));
-      std::vector<float> cf(static_cast<size_t>(M * N), 0.0f);
+      const MatRef xf = to_float(static_cast<const S*>(x.data_ptr()), M, K, x.stride(0), x.stride(1),
+                                 float_buffer(kSlotA, M * K), true);
+      // W^T (K, N): the weight's strides swapped.
+      const MatRef wf = to_float(static_cast<const S*>(W.data_ptr()), K, N, W.stride(1), W.stride(0),
+                                 float_buffer(kSlotB, K * N), true);
+      float* cf = float_buffer(kSlotC, M * N);
       if (bias) {
-        auto bf = to_float_matrix(static_cast<const S*>(bias->data_ptr()), 1, N, 0, bias->stride(0));
-        for (int64_t i = 0; i < M; ++i) std::copy(bf.begin(), bf.end(), cf.begin() + i * N);
+        const S* bp = static_cast<const S*>(bias->data_ptr());
+        const int64_t bs = bias->stride(0);
+        for (int64_t j = 0; j < N; ++j) cf[j] = static_cast<float>(bp[j * bs]);
+        for (int64_t i = 1; i < M; ++i) std::copy(cf, cf + N, cf + i * N);
       }
-      gemm_f32(M, N, K, 1.0f, MatRef{xf.data(), K, 1}, MatRef{wf.data(), 1, K}, bias ? 1.0f : 0.0f, cf.data(), N);
-      store_n<S, float>(cf.data(), cp, M * N);
+      gemm_f32(M, N, K, 1.0f, xf, wf, bias ? 1.0f : 0.0f, cf, N);
+      store_rounded<S>(cf, cp, M * N, true);
     }
   });
 }
