@@ -3,6 +3,7 @@
 // checked without PyTorch), failures shown per cell, and usage errors (exit 2).
 #include <gtest/gtest.h>
 
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/cli/cli_test_util.h"
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -41,6 +42,8 @@ TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   EXPECT_EQ(j["schema"], "ampforge-bench v1");
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["threads"], 1);
+  // Which library runs ampforge's products on the CPU (the peer's OpenBLAS kernels are in "blas").
+  EXPECT_EQ(j["cpu_products"], ampforge::cpu::cpu_gemm_summary());
   EXPECT_EQ(j["settings"]["steps"], 2);
   EXPECT_TRUE(j["peer"].is_null());
   ASSERT_EQ(j["rows"].size(), 2u);

@@ -62,6 +62,7 @@ struct BenchReport {
   // CPU runs: the BLAS and the kernel set its GEMMs run (backends/cpu/blas_kernels.h); the peer's PyTorch loads the
   // same system OpenBLAS and inherits OPENBLAS_CORETYPE, so both sides run the same GEMM kernels.
   std::string blas_library, blas_core, blas_source;
+  std::string cpu_products;  // which library runs ampforge's F32 / BF16 products (cpu::cpu_gemm_summary())
   int threads = 0, warmup = 0, steps = 0;
   std::string optimizer;
   bool channels_last = true, cuda_graphs = false, full = false, recompute = false;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "ampforge/backends/cpu/blas_kernels.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/hw/doctor.h"
 #include "ampforge/util/env.h"
@@ -36,7 +37,8 @@ hw::BlasReport blas_report() {
                         .cpu_best = k.cpu_best,
                         .source = cpu::blas_source_name(k.source),
                         .note = k.note,
-                        .below_cpu = k.below_cpu()};
+                        .below_cpu = k.below_cpu(),
+                        .products = cpu::cpu_gemm_summary()};
 }
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "ampforge/backends/cpu/blas_kernels.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/dispatch.h"
@@ -27,10 +28,14 @@ Command add_info_command(CLI::App& app) {
             const cpu::BlasKernels& blas = cpu::select_blas_kernels();
             std::printf("BLAS: %s; kernels: %s (%s)\n", blas.version.empty() ? "?" : blas.version.c_str(),
                         blas.core.empty() ? "?" : blas.core.c_str(), blas.note.c_str());
+            const bool f32_on_onednn = cpu::onednn_f32_gemm_active();
+            std::printf("CPU matrix products: %s\n", cpu::cpu_gemm_summary().c_str());
             if (blas.below_cpu())
-              std::printf("WARNING: these BLAS kernels are weaker than this CPU allows (%s): GEMMs, and so convolutions "
-                          "and linear layers, run slower than they could\n",
-                          blas.cpu_best.c_str());
+              std::printf("WARNING: these BLAS kernels are weaker than this CPU allows (%s): %s run slower than they "
+                          "could\n",
+                          blas.cpu_best.c_str(),
+                          f32_on_onednn ? "F64 products (and every product with AMPFORGE_CPU_MATMUL=blas)"
+                                        : "GEMMs, and so convolutions and linear layers,");
             if (const int devices = cuda::device_count(); devices > 0)
               std::printf("CUDA devices: %d\n", devices);
             else

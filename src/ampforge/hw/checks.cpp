@@ -157,18 +157,21 @@ void check_blas(const DoctorReport& r, Checks& c) {
     c.add(id, std::nullopt, Verdict::Skip, fmt::format("{}: {}", b.library.empty() ? "BLAS" : b.library, b.note));
     return;
   }
+  // Where ampforge's own F32 products run on oneDNN, OpenBLAS's kernels still matter for F64 and for other programs.
+  const std::string products = b.products.empty() ? "" : "; ampforge's products: " + b.products;
   if (b.below_cpu) {
     c.add(id, std::nullopt, Verdict::Warn,
-          fmt::format("OpenBLAS runs its {} kernels, but this CPU can run {} ({})", b.core, b.cpu_best, b.note),
+          fmt::format("OpenBLAS runs its {} kernels, but this CPU can run {} ({}){}", b.core, b.cpu_best, b.note,
+                      products),
           b.source == "user-env" ? fmt::format("set OPENBLAS_CORETYPE={} (or unset it)", b.cpu_best)
                                  : fmt::format("unset AMPFORGE_BLAS_CORETYPE, or set OPENBLAS_CORETYPE={}", b.cpu_best));
     return;
   }
   c.add(id, std::nullopt, Verdict::Pass,
         b.source == "ampforge"
-            ? fmt::format("OpenBLAS runs {} kernels (it chose {} for this unknown CPU model; ampforge re-selected)",
-                          b.core, b.loaded_core)
-            : fmt::format("OpenBLAS runs {} kernels, the strongest this CPU allows", b.core));
+            ? fmt::format("OpenBLAS runs {} kernels (it chose {} for this unknown CPU model; ampforge re-selected){}",
+                          b.core, b.loaded_core, products)
+            : fmt::format("OpenBLAS runs {} kernels, the strongest this CPU allows{}", b.core, products));
 }
 
 void check_framework(const PythonReport& py, const FrameworkInfo& f, const std::string& id, const char* min_version,

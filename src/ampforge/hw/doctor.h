@@ -92,6 +92,7 @@ struct BlasReport {
   std::string source;       // "openblas", "user-env", "ampforge", "kept", "unavailable"
   std::string note;
   bool below_cpu = false;   // the running kernels are weaker than the CPU allows
+  std::string products;     // which library runs ampforge's F32 / BF16 products (cpu::cpu_gemm_summary()); "" unknown
 };
 
 struct DoctorOptions {

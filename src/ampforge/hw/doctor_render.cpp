@@ -161,7 +161,7 @@ json doctor_report_json(const DoctorReport& r) {
   if (r.blas.known)
     j["blas"] = {{"library", r.blas.library}, {"version", r.blas.version}, {"loaded_core", r.blas.loaded_core}, {"core", r.blas.core},
                  {"cpu_best", r.blas.cpu_best}, {"source", r.blas.source}, {"below_cpu", r.blas.below_cpu},
-                 {"note", r.blas.note}};
+                 {"note", r.blas.note}};  // `products` is in the check's message (fields come only with a new schema)
   j["python"] = {{"found", r.python.found},
                  {"executable", str_or_null(r.python.executable)},
                  {"version", str_or_null(r.python.version)},

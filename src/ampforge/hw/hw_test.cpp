@@ -127,7 +127,8 @@ TEST(HwChecks, BlasKernelsWeakerThanTheCpuWarn) {
   for (const auto& c : r.checks) EXPECT_NE(c.id, "host.blas_kernels") << "no BLAS facts given: no check";
   r.blas = BlasReport{.known = true, .library = "OpenBLAS 0.3.21 DYNAMIC_ARCH", .version = "OpenBLAS 0.3.21",
                       .loaded_core = "Prescott",
-                      .core = "Cooperlake", .cpu_best = "Cooperlake", .source = "ampforge", .note = "re-selected"};
+                      .core = "Cooperlake", .cpu_best = "Cooperlake", .source = "ampforge", .note = "re-selected",
+                      .below_cpu = false, .products = ""};
   evaluate_checks(r);
   EXPECT_EQ(verdict(r, "host.blas_kernels"), Verdict::Pass);
   r.blas.core = "Prescott";
@@ -138,6 +139,13 @@ TEST(HwChecks, BlasKernelsWeakerThanTheCpuWarn) {
   for (const auto& c : r.checks)
     if (c.id == "host.blas_kernels") {
       EXPECT_NE(c.fix.find("OPENBLAS_CORETYPE=Cooperlake"), std::string::npos) << c.fix;
+    }
+  // Where ampforge's own products run elsewhere, the message says so (the kernels still serve F64 and other programs).
+  r.blas.products = "F32 on oneDNN 2.6.3 (avx512_core_bf16) SGEMM";
+  evaluate_checks(r);
+  for (const auto& c : r.checks)
+    if (c.id == "host.blas_kernels") {
+      EXPECT_NE(c.message.find("ampforge's products: F32 on oneDNN"), std::string::npos) << c.message;
     }
   r.blas.source = "unavailable";
   evaluate_checks(r);

@@ -3,9 +3,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ampforge/backends/cpu/blas_kernels.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/util/thread_pool.h"
 
 namespace ampforge::cpu {
@@ -72,6 +74,12 @@ void gemm_impl(int64_t M, int64_t N, int64_t K, T alpha, MatRef Ar, MatRef Br, T
   };
   const int threads = parallel ? get_num_threads() : 1;
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  if constexpr (std::is_same_v<T, float>) {
+    // oneDNN's SGEMM where it is this build's F32 engine (matmul_onednn.h); small products on one thread, as below.
+    if (onednn_sgemm(A.trans == CblasTrans, B.trans == CblasTrans, M, N, K, alpha, A.ptr, A.ld, B.ptr, B.ld, beta, C, ldc,
+                     threads > 1 && flops >= 2e6))
+      return;
+  }
   if (threads <= 1 || flops < 2e6) {
     blas_gemm(A.trans, B.trans, M, N, K, alpha, A.ptr, A.ld, B.ptr, B.ld, beta, C, ldc);
     return;

@@ -1,8 +1,10 @@
 // CPU GEMM on strided matrices, the building block of matmul, linear and im2col convolution.
 // C[M, N] = alpha * A[M, K] @ B[K, N] + beta * C, with A, B, C given by pointer and (row, col) strides
 // in elements. A matrix with unit column stride is row-major, with unit row stride column-major;
-// anything else is packed first. The call splits the larger of M and N across the thread pool and
-// runs single-threaded OpenBLAS on each part (ampforge owns the threads; OpenBLAS is set to 1 thread).
+// anything else is packed first. F32 runs on oneDNN's SGEMM where the build has oneDNN (matmul_onednn.h says why
+// and how to switch it off). Otherwise the call splits the larger of M and N across the thread pool and runs
+// single-threaded OpenBLAS on each part (ampforge owns the threads; OpenBLAS is set to 1 thread). `parallel` false:
+// the calling thread alone.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// BF16 matmul and linear on oneDNN (see matmul_onednn.h for why and when).
+// F32 SGEMM and BF16 matmul / linear on oneDNN (see matmul_onednn.h for why and when).
 //
 // Primitive cache: as for the convolutions (conv_onednn.cpp), a primitive descriptor is created once per problem
 // (shapes, strides, bias, thread count) and kept for the process, declined problems included; BERT-base's training
@@ -26,7 +26,7 @@
 namespace ampforge::cpu {
 
 namespace {
-std::atomic<int64_t> g_executions{0};
+std::atomic<int64_t> g_executions{0}, g_sgemm_executions{0};
 std::mutex g_last_impl_mutex;
 std::string g_last_impl;
 
@@ -56,6 +56,17 @@ CpuMatmulPath cpu_matmul_path() {
   AF_THROW(InvalidArgument, "AMPFORGE_CPU_MATMUL={}: expected auto, blas or onednn", *v);
 }
 
+bool onednn_f32_gemm_active() { return cpu_matmul_path() == CpuMatmulPath::OneDnn && kBuilt; }
+
+std::string cpu_gemm_summary() {
+#ifdef AMPFORGE_HAVE_ONEDNN
+  if (onednn_f32_gemm_active())
+    return "F32 on " + onednn::describe() + " SGEMM, BF16 " +
+           (onednn::native_bf16() ? "on its AVX512_BF16 matmul" : "via F32 copies (no native BF16 on this CPU)");
+#endif
+  return "OpenBLAS (BF16 via F32 copies)";
+}
+
 bool onednn_bf16_matmul_active() {
 #ifdef AMPFORGE_HAVE_ONEDNN
   return cpu_matmul_path() == CpuMatmulPath::OneDnn && onednn::native_bf16();
@@ -73,6 +84,7 @@ bool takes(const Tensor& out) {
 }  // namespace
 
 int64_t onednn_matmul_executions() { return g_executions.load(std::memory_order_relaxed); }
+int64_t onednn_sgemm_executions() { return g_sgemm_executions.load(std::memory_order_relaxed); }
 
 std::string onednn_matmul_last_impl() {
   std::lock_guard<std::mutex> lk(g_last_impl_mutex);
@@ -84,6 +96,10 @@ std::string onednn_matmul_last_impl() {
 // takes() is still asked: AMPFORGE_CPU_MATMUL=onednn (or a value that is none of the three) is an error here too.
 bool onednn_matmul(const Tensor&, const Tensor&, const Tensor& out) { return takes(out); }
 bool onednn_linear(const Tensor&, const Tensor&, const Tensor*, const Tensor& out) { return takes(out); }
+bool onednn_sgemm(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float, float*,
+                  int64_t, bool) {
+  return onednn_f32_gemm_active();  // false; still rejects a bad AMPFORGE_CPU_MATMUL
+}
 
 #else
 
@@ -249,6 +265,21 @@ bool onednn_linear(const Tensor& x, const Tensor& w, const Tensor* bias, const T
   p.has_bias = bias != nullptr;
   if (bias) p.bias = {{1, N}, {N, 1}};
   return run(p, x.data_ptr(), w.data_ptr(), bias ? bias->data_ptr() : nullptr, out.data_ptr());
+}
+
+bool onednn_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, bool parallel) {
+  if (!onednn_f32_gemm_active()) return false;
+  const int threads = onednn::set_threads_for_call(parallel);
+  try {
+    std::optional<PoolIdleScope> idle;  // our workers sleep while an OpenMP team of more than this thread runs
+    if (threads > 1) idle.emplace();
+    dn::sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } catch (const dn::error&) {  // arguments oneDNN rejects (it checks them before touching C): OpenBLAS runs it
+    return false;
+  }
+  g_sgemm_executions.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 #endif  // AMPFORGE_HAVE_ONEDNN

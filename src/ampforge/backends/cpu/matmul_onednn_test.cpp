@@ -1,4 +1,7 @@
-// Tests of the BF16 matrix products on oneDNN (matmul_onednn.h), through ops::matmul and ops::linear:
+// Tests of the matrix products on oneDNN (matmul_onednn.h), through ops::matmul and ops::linear:
+//   - F32: every product runs on oneDNN's SGEMM in a build with oneDNN (the counter says so), on OpenBLAS with
+//     AMPFORGE_CPU_MATMUL=blas, and both match F64 within the F32 row of the tolerance table, small products (one
+//     thread) and large ones (the team), transposed operands included;
 //   - AMPFORGE_CPU_MATMUL switches the path: the oneDNN execution counter moves exactly when BF16 products are
 //     oneDNN's here (a build with oneDNN on a CPU with AVX512_BF16 or AMX), never with "blas"; a bad value, or
 //     "onednn" in a build without oneDNN, is a clear error;
@@ -41,9 +44,9 @@ Tensor mT(const Tensor& t) {
   return ops::permute(t, p);
 }
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, DType row = DType::BF16) {
   ASSERT_EQ(got.shape(), want.shape()) << what;
-  const ToleranceEntry t = tolerance(DType::BF16);
+  const ToleranceEntry t = tolerance(row);
   const std::vector<double> g = got.tolist<double>(), e = want.tolist<double>();
   const CloseResult r = tolerance_close(
       static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
@@ -160,6 +163,44 @@ TEST(CpuMatmulOneDnn, ModelSizedProductsMatchTheConversionPath) {
   // by far less.
   const char* what[] = {"linear forward", "input gradient", "weight gradient"};
   for (size_t i = 0; i < blas.size(); ++i) expect_close(dflt[i], blas[i], what[i]);
+}
+
+TEST(CpuMatmulOneDnn, F32ProductsRunOnOneDnnSgemmUnlessAskedForBlas) {
+  auto rnd = [](const Shape& sh) { return ops::randn(sh, DType::F32, kCPU, &gen()); };
+  // (name, product, F64 product): a small one (one thread), a large one split over the team, transposed operands,
+  // a batch (parallel over the batch: one thread per product), linear with its bias.
+  const Tensor a = rnd({13, 20}), b = rnd({20, 7}), x = rnd({150, 300}), w = rnd({200, 300}), bias = rnd({200});
+  const Tensor q = rnd({6, 32, 16}), k = rnd({6, 32, 16});
+  struct F32Case {
+    const char* name;
+    std::function<Tensor()> f32, f64;
+  };
+  const std::vector<F32Case> cases = {
+      {"small", [&] { return ops::matmul(a, b); }, [&] { return ops::matmul(f64(a), f64(b)); }},
+      {"large_linear", [&] { return ops::linear(x, w, bias); },
+       [&] { return ops::linear(f64(x), f64(w), f64(bias)); }},
+      {"large_transposed", [&] { return ops::matmul(mT(x), x); }, [&] { return ops::matmul(mT(f64(x)), f64(x)); }},
+      {"batched_scores", [&] { return ops::matmul(q, mT(k)); }, [&] { return ops::matmul(f64(q), mT(f64(k))); }},
+  };
+  for (const F32Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor want = c.f64();
+    {
+      ScopedEnv env("AMPFORGE_CPU_MATMUL", "blas");
+      const int64_t before = cpu::onednn_sgemm_executions();
+      expect_close(c.f32(), want, "OpenBLAS against F64", DType::F32);
+      EXPECT_EQ(cpu::onednn_sgemm_executions(), before) << "AMPFORGE_CPU_MATMUL=blas still ran oneDNN";
+    }
+    {
+      ScopedEnv env("AMPFORGE_CPU_MATMUL", std::nullopt);
+      const int64_t before = cpu::onednn_sgemm_executions();
+      expect_close(c.f32(), want, "default path against F64", DType::F32);
+      if (cpu::onednn_built())
+        EXPECT_GT(cpu::onednn_sgemm_executions(), before) << "a build with oneDNN ran an F32 product on OpenBLAS";
+      else
+        EXPECT_EQ(cpu::onednn_sgemm_executions(), before);
+    }
+  }
 }
 
 TEST(CpuMatmulOneDnn, BadPathValueIsAClearError) {

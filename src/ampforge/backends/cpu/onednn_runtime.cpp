@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <new>
+#include <string>
 
 #include "ampforge/util/thread_pool.h"
 
@@ -22,8 +23,8 @@ dnnl::stream& thread_stream() {
   return s;
 }
 
-int set_threads_for_call() {
-  const int n = in_parallel_region() ? 1 : get_num_threads();
+int set_threads_for_call(bool parallel) {
+  const int n = !parallel || in_parallel_region() ? 1 : get_num_threads();
   // oneDNN sizes a primitive's work partition by this at creation, and runs that many threads at execution.
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
   return n;
@@ -70,6 +71,24 @@ bool native_bf16() {
     return (isa & bf16) == bf16;
   }();
   return yes;
+}
+
+std::string describe() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = "?";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: isa = "sse41"; break;
+    case dnnl::cpu_isa::avx: isa = "avx"; break;
+    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) + " (" +
+         isa + ")";
 }
 
 }  // namespace ampforge::cpu::onednn

@@ -18,6 +18,7 @@
 #ifdef AMPFORGE_HAVE_ONEDNN
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -28,8 +29,12 @@ dnnl::engine& engine();
 dnnl::stream& thread_stream();
 
 // The OpenMP thread count the next primitive creation and execution on this thread use: get_num_threads(), or 1
-// inside a parallel region of ours. Sets it (an ICV of the calling thread only) and returns it.
-int set_threads_for_call();
+// inside a parallel region of ours or when `parallel` is false. Sets it (an ICV of the calling thread only) and
+// returns it.
+int set_threads_for_call(bool parallel = true);
+
+// "oneDNN 2.6.3 (avx512_core_bf16)": the library's version and the strongest ISA it dispatches to here.
+std::string describe();
 
 // The transient buffers of a call, kept per calling thread and reused: each slot grows to the largest request it has
 // seen and is never shrunk. Taking them from the heap per call cost a fifth of a ResNet-50 step: buffers this size
