@@ -211,6 +211,9 @@ class InterleavedPeer {
     if (!proc_->started()) return;
     const std::optional<std::string> line = proc_->read_line(f.peer_timeout);
     ready_ = line && line->find("\"ready\"") != std::string::npos;
+    // A peer that cannot run the cell (PyTorch 1.13's CPU autocast refuses float16) prints its result object, with
+    // the reason, instead of the ready line: finish() parses it from here.
+    if (line && !ready_) first_line_ = *line;
   }
 
   // One peer step per memory format, after one of ours. A peer that stopped answering takes no more steps; its
@@ -226,7 +229,8 @@ class InterleavedPeer {
 
   BenchSide finish(int64_t batch, std::string* gpu_name) {
     if (ready_) proc_->write_line("quit");
-    const hw::SubprocessResult r = proc_->wait(f_.peer_timeout);
+    hw::SubprocessResult r = proc_->wait(f_.peer_timeout);
+    if (!first_line_.empty()) r.out = first_line_ + "\n" + r.out;
     return parse_peer_result(r, script_, batch, f_, gpu_name);
   }
 
@@ -237,6 +241,7 @@ class InterleavedPeer {
   std::string script_;
   std::unique_ptr<hw::Subprocess> proc_;
   bool ready_ = false;
+  std::string first_line_;  // what the peer said instead of "ready", if anything
 };
 
 // --max-batch: the largest batch of the row's model, precision and input that fits `budget`, found by the fit

@@ -192,7 +192,8 @@ TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
 
 // --interleave: the peer runs beside ampforge (--serve), announces it is warmed up, and takes exactly one step per
 // timed step of ours (none in the warm-up); its result object ends the conversation. A peer that dies mid-way is a
-// failed peer cell, not a hang; --interleave without a peer is a usage error.
+// failed peer cell, not a hang; a peer that refuses the cell before its warm-up (PyTorch 1.13's CPU autocast has no
+// float16) is a failed cell with the peer's reason; --interleave without a peer is a usage error.
 TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
   const fs::path py = tmp("fake_python_serve"), count = tmp("serve_steps");
   fs::remove(count);
@@ -202,6 +203,8 @@ TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
          "if [ \"$1\" = \"-c\" ]; then echo 9.9.9-fake; exit 0; fi\n"
          "case \"$*\" in *--serve*) ;; *) exit 3;; esac\n"
          "case \"$*\" in *\"--precision bf16\"*) echo '{\"ready\": true}'; read l; exit 7;; esac\n"
+         "case \"$*\" in *\"--precision fp16\"*) echo '{\"torch\": \"9.9.9-fake\", \"results\": {}, \"error\": "
+         "\"AutocastCPU only support Bfloat16\"}'; exit 0;; esac\n"
          "echo '{\"ready\": true, \"formats\": [\"nchw\"]}'\n"
          "n=0\n"
          "while read l; do [ \"$l\" = step ] || break; n=$((n + 1)); echo '{\"seconds\": {\"nchw\": 0.25}}'; done\n"
@@ -210,12 +213,12 @@ TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
          "\"mean\": 0.25, \"samples_per_sec\": 32.0, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}'\n";
   }
   ::chmod(py.c_str(), 0755);
-  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,bf16 --batch cnn=8 --warmup 1 --steps 3 "
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,bf16,fp16 --batch cnn=8 --warmup 1 --steps 3 "
                                    "--threads 1 --interleave --json --peer " + py.string(), false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["settings"]["interleaved"], true);
-  ASSERT_EQ(j["rows"].size(), 2u);
+  ASSERT_EQ(j["rows"].size(), 3u);
   const auto& fp32 = j["rows"][0];
   EXPECT_EQ(fp32["peer"]["samples_per_sec"], 32.0) << fp32;
   EXPECT_NEAR(fp32["ratio"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 32.0, 1e-9);
@@ -225,6 +228,9 @@ TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
   EXPECT_TRUE(bf16["peer"].contains("error")) << bf16;
   EXPECT_TRUE(bf16["ratio"].is_null());
   EXPECT_FALSE(bf16["ampforge"].contains("error"));
+  const auto& fp16 = j["rows"][2];
+  EXPECT_EQ(fp16["peer"]["error"], "AutocastCPU only support Bfloat16") << fp16;
+  EXPECT_FALSE(fp16["ampforge"].contains("error"));
   const CmdResult none = run_ampforge("bench --models cnn --interleave --peer none");
   EXPECT_EQ(none.code, 2);
   EXPECT_NE(none.out.find("--interleave"), std::string::npos) << none.out;
