@@ -377,29 +377,12 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   return r;
 }
 
-// The cache. Bounded: a model fed ever-new image sizes would otherwise grow it without end; at the bound
-// it is emptied and refilled, which costs one creation per problem again.
-constexpr size_t kMaxCached = 4096;
+// A problem oneDNN rejects (e.g. a dtype this build has no kernel for) stays on im2col.
+constexpr size_t kMaxCached = onednn::PrimitiveCache<Prim>::kMaxEntries;
 
 std::shared_ptr<const Prim> lookup(const Problem& p) {
-  static std::mutex mutex;
-  static std::map<std::vector<int64_t>, std::shared_ptr<const Prim>> cache;
-  std::vector<int64_t> key = p.key();
-  std::lock_guard<std::mutex> lk(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxCached) cache.clear();
-  std::shared_ptr<const Prim> prim;
-  try {
-    prim = create(p);
-  } catch (const dn::error& e) {
-    // A descriptor oneDNN rejects (e.g. a dtype this build has no kernel for): the problem stays on im2col.
-    auto r = std::make_shared<Prim>();
-    r->impl = std::string("rejected: ") + e.what();
-    prim = r;
-  }
-  cache.emplace(std::move(key), prim);
-  return prim;
+  static onednn::PrimitiveCache<Prim> cache;
+  return cache.get(p.key(), [&] { return create(p); });
 }
 
 // What a thread keeps in its slots (onednn_runtime.h) is bounded by the largest convolution it ran, per slot: 71 MiB

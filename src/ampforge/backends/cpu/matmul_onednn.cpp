@@ -1,8 +1,7 @@
 // F32 SGEMM and BF16 matmul / linear on oneDNN (see matmul_onednn.h for why and when).
 //
-// Primitive cache: as for the convolutions (conv_onednn.cpp), a primitive descriptor is created once per problem
-// (shapes, strides, bias, thread count) and kept for the process, declined problems included; BERT-base's training
-// step holds ~30 entries. The operands are described to oneDNN as they lie (strided memory descriptors), so the
+// Primitive cache (onednn_runtime.h): a primitive descriptor is created once per problem (shapes, strides, bias,
+// thread count) and kept for the process, declined problems included; BERT-base's training step holds ~30 entries. The operands are described to oneDNN as they lie (strided memory descriptors), so the
 // transposed views of the backward pass (gy^T @ x, gy @ W) run without copies; oneDNN packs what its kernels need
 // into the user scratchpad (a per-thread slot, onednn_runtime.h).
 #include "ampforge/backends/cpu/matmul_onednn.h"
@@ -181,27 +180,10 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   return r;
 }
 
-// Bounded as the convolution cache is: emptied and refilled when a model feeds ever-new shapes.
-constexpr size_t kMaxCached = 4096;
-
+// A problem oneDNN rejects stays on the conversion path.
 std::shared_ptr<const Prim> lookup(const Problem& p) {
-  static std::mutex mutex;
-  static std::map<std::vector<int64_t>, std::shared_ptr<const Prim>> cache;
-  std::vector<int64_t> key = p.key();
-  std::lock_guard<std::mutex> lk(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  if (cache.size() >= kMaxCached) cache.clear();
-  std::shared_ptr<const Prim> prim;
-  try {
-    prim = create(p);
-  } catch (const dn::error& e) {  // a descriptor oneDNN rejects: the problem stays on the conversion path
-    auto r = std::make_shared<Prim>();
-    r->impl = std::string("rejected: ") + e.what();
-    prim = r;
-  }
-  cache.emplace(std::move(key), prim);
-  return prim;
+  static onednn::PrimitiveCache<Prim> cache;
+  return cache.get(p.key(), [&] { return create(p); });
 }
 
 bool run(Problem& p, const void* src, const void* wei, const void* bias, void* dst) {

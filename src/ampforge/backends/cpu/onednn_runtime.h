@@ -18,7 +18,11 @@
 #ifdef AMPFORGE_HAVE_ONEDNN
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -51,6 +55,40 @@ int64_t slot_grows();  // (re)allocations so far
 // True when oneDNN may dispatch to AVX512_BF16 (or AMX) on this CPU: BF16 products on the BF16 dot-product
 // instructions, F32 accumulation. False elsewhere (there oneDNN's BF16 kernels emulate them or do not exist).
 bool native_bf16();
+
+// Created primitives, per problem, for the process. Creating a primitive descriptor walks oneDNN's implementation
+// list and JIT-compiles kernels (0.1-10 ms each) against ~1 ms for a typical execution, so each problem (its key:
+// everything the primitive depends on, the thread count included) is created once and kept, problems oneDNN
+// declines too, so the fallback decision is made once. Bounded: a model fed ever-new shapes would otherwise grow it
+// without end; at kMaxEntries it is emptied and refilled, which costs one creation per problem again.
+// Prim: default-constructible with `bool usable` (false by default) and `std::string impl`.
+template <class Prim>
+class PrimitiveCache {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+
+  // The entry for `key`, made by create() (returning std::shared_ptr<Prim>) on first use. A descriptor oneDNN
+  // rejects (dnnl::error from create) is kept as an unusable entry whose impl says why.
+  template <class Create>
+  std::shared_ptr<const Prim> get(std::vector<int64_t> key, Create&& create) {
+    std::lock_guard<std::mutex> lk(mutex_);
+    if (auto it = map_.find(key); it != map_.end()) return it->second;
+    if (map_.size() >= kMaxEntries) map_.clear();
+    std::shared_ptr<const Prim> prim;
+    try {
+      prim = create();
+    } catch (const dnnl::error& e) {
+      auto r = std::make_shared<Prim>();
+      r->impl = std::string("rejected: ") + e.what();
+      prim = r;
+    }
+    return map_.emplace(std::move(key), std::move(prim)).first->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::vector<int64_t>, std::shared_ptr<const Prim>> map_;
+};
 
 }  // namespace ampforge::cpu::onednn
 #endif
