@@ -163,7 +163,10 @@ void check_blas(const DoctorReport& r, Checks& c) {
     c.add(id, std::nullopt, Verdict::Warn,
           fmt::format("OpenBLAS runs its {} kernels, but this CPU can run {} ({}){}", b.core, b.cpu_best, b.note,
                       products),
-          b.source == "user-env" ? fmt::format("set OPENBLAS_CORETYPE={} (or unset it)", b.cpu_best)
+          b.source == "user-env"
+              ? fmt::format("unless it was pinned on purpose (some systems pin older kernels because an older OpenBLAS "
+                            "miscomputes on newer CPUs), set OPENBLAS_CORETYPE={} (or unset it)",
+                            b.cpu_best)
                                  : fmt::format("unset AMPFORGE_BLAS_CORETYPE, or set OPENBLAS_CORETYPE={}", b.cpu_best));
     return;
   }
