@@ -265,6 +265,39 @@ bool copy_transposed(const ElementwiseIter& it, int64_t es) {
   return true;
 }
 
+// F32 <-> F16/BF16 (autocast's casts, the master-weight copies): runs contiguous on both sides go straight through
+// the bulk converters (core/convert.h), not through map_kernel's float buffers (a load, a copy and a store per
+// chunk); other runs are converted in L1 chunks. false: not such a pair of dtypes.
+template <class SI, class SO>
+void convert_runs(const Tensor& out, const Tensor& in) {
+  const ElementwiseIter it = make_elementwise_iter(out, {&in});
+  for_each_run(it, [](char** p, const int64_t* bs, int64_t n) {
+    if (bs[0] == static_cast<int64_t>(sizeof(SO)) && bs[1] == static_cast<int64_t>(sizeof(SI))) {
+      if constexpr (std::is_same_v<SI, float>)
+        store_n<SO, float>(reinterpret_cast<const float*>(p[1]), reinterpret_cast<SO*>(p[0]), n);
+      else
+        load_n<SI, float>(reinterpret_cast<const SI*>(p[1]), reinterpret_cast<float*>(p[0]), n);
+      return;
+    }
+    alignas(64) float buf[kChunk];
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t m = std::min(kChunk, n - c);
+      load_strided<SI, float>(p[1] + c * bs[1], bs[1], m, buf);
+      store_strided<SO, float>(buf, p[0] + c * bs[0], bs[0], m);
+    }
+  });
+}
+
+bool convert_float16_pair(const Tensor& out, const Tensor& in) {
+  const DType di = in.dtype(), d = out.dtype();
+  if (di == DType::F32 && d == DType::BF16) convert_runs<float, BFloat16>(out, in);
+  else if (di == DType::F32 && d == DType::F16) convert_runs<float, Half>(out, in);
+  else if (di == DType::BF16 && d == DType::F32) convert_runs<BFloat16, float>(out, in);
+  else if (di == DType::F16 && d == DType::F32) convert_runs<Half, float>(out, in);
+  else return false;
+  return true;
+}
+
 // copy: out <- in with broadcasting and dtype conversion (Bool output stores x != 0).
 void copy_kernel(const KernelArgs& a) {
   const Tensor& out = a.out(0);
@@ -289,6 +322,7 @@ void copy_kernel(const KernelArgs& a) {
     });
     return;
   }
+  if (convert_float16_pair(out, in)) return;
   visit_dtype(in.dtype(), [&](auto itag) {
     visit_dtype(out.dtype(), [&](auto otag) {
       using SI = decltype(itag);
