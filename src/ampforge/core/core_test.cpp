@@ -30,6 +30,20 @@ TEST(Philox, KnownAnswer) {
   EXPECT_EQ(w[3], 0x9b00dbd8u);
 }
 
+// The block form (vector lanes) gives philox4x32's words, counters crossing 2^32 included.
+TEST(Philox, BlocksMatchTheScalarForm) {
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{0x0123456789abcdefull}}) {
+    for (const uint64_t ctr0 : {uint64_t{0}, uint64_t{977}, (uint64_t{1} << 32) - 10}) {
+      uint32_t v[4 * 64];
+      philox4x32_blocks<64>(seed, ctr0, v);
+      for (int b = 0; b < 64; ++b) {
+        const auto s = philox4x32(seed, ctr0 + static_cast<uint64_t>(b));
+        for (int k = 0; k < 4; ++k) ASSERT_EQ(v[4 * b + k], s[static_cast<size_t>(k)]) << seed << " " << ctr0 << " " << b;
+      }
+    }
+  }
+}
+
 TEST(Tensor, ViewsShareStorage) {
   Tensor t = arange(0, 24, 1, DType::F32).reshape({2, 3, 4});
   Tensor p = t.permute({2, 0, 1});

@@ -111,14 +111,14 @@ void dropout_kernel(const KernelArgs& a) {
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t i0 = c * kChunk, m = std::min(kChunk, n - i0);
         load_n<S, A>(xp + i0, xb, m);
-        for (int64_t i = 0; i < m; i += 4) {
-          const int64_t e = i0 + i;
-          const auto w = philox4x32(at.philox.seed, at.philox.offset + static_cast<uint64_t>(e / 4));
-          for (int k = 0; k < 4 && i + k < m; ++k) {
-            const bool kept = uint_to_unit_float(w[k]) < keep;
-            mp[e + k] = kept;
-            ob[i + k] = kept ? xb[i + k] * scale : A(0);
-          }
+        // Value e takes word e % 4 of block offset + e / 4 (philox4x32_blocks: the blocks in vector lanes).
+        static_assert(kChunk % 4 == 0, "chunks must start on Philox block boundaries");
+        uint32_t w[kChunk];
+        philox4x32_blocks<kChunk / 4>(at.philox.seed, at.philox.offset + static_cast<uint64_t>(i0 / 4), w);
+        for (int64_t i = 0; i < m; ++i) {
+          const bool kept = uint_to_unit_float(w[i]) < keep;
+          mp[i0 + i] = kept;
+          ob[i] = kept ? xb[i] * scale : A(0);
         }
         store_n<S, A>(ob, yp + i0, m);
       }
