@@ -37,10 +37,6 @@
 
 namespace ampforge::train {
 
-namespace {
-
-}  // namespace
-
 int64_t eval_batch_size(const TrainConfig& c, bool masked_lm, const Shape& example_shape) {
   if (c.eval_batch_size > 0) return c.eval_batch_size;
   const bool small_images = !masked_lm && example_shape.size() == 3 && example_shape[1] * example_shape[2] <= 64 * 64;
