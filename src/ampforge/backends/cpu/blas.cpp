@@ -9,6 +9,7 @@
 #include "ampforge/backends/cpu/loops.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cpu/register.h"
+#include "ampforge/backends/cpu/thread_scratch.h"
 #include "ampforge/core/attrs.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/util/thread_pool.h"
@@ -16,18 +17,11 @@
 namespace ampforge::cpu {
 namespace {
 
-// The float buffers of the conversion path, kept per calling thread and grown to the largest request (never shrunk):
-// a fresh vector per call made glibc mmap tens of MB (BERT-base's 30522 x 768 vocabulary weight: 94 MB) and page
-// them in on every call. Slots: A, B, C of a product. Outside the caching allocator, as the convolutions' scratch.
-enum FloatSlot { kSlotA, kSlotB, kSlotC, kFloatSlots };
-float* float_buffer(FloatSlot slot, int64_t n) {
-  thread_local std::vector<float> bufs[kFloatSlots];
-  std::vector<float>& b = bufs[slot];
-  if (static_cast<int64_t>(b.size()) < n) {
-    b = std::vector<float>();  // free first: the old and the new one need not both be resident
-    b.resize(static_cast<size_t>(n));
-  }
-  return b.data();
+// The float copies of the conversion path: per-thread buffers reused across calls (thread_scratch.h; a fresh vector
+// per call had glibc mmap and page in BERT-base's 94 MB vocabulary weight every call). Slots: A, B, C of a product.
+constexpr ScratchSlot kSlotA = kScratch0, kSlotB = kScratch1, kSlotC = kScratch2;
+float* float_buffer(ScratchSlot slot, int64_t n) {
+  return static_cast<float*>(thread_scratch(slot, static_cast<size_t>(n) * sizeof(float)));
 }
 
 // A float copy of a strided (rows, cols) slice in `dst`, laid out the way the source runs: row-major when its

@@ -47,8 +47,9 @@
 //
 // Threads and memory: the calling thread's OpenMP team runs each primitive, with our pool's workers asleep, and the
 // transient buffers of a call (scratchpad, reordered weights, blocked activations; e.g. the F32 partial weight
-// gradients of BF16 convolutions) are per-thread buffers reused from call to call: onednn_runtime.h says why.
+// gradients of BF16 convolutions) are per-thread buffers reused from call to call: thread_scratch.h says why.
 #include "ampforge/backends/cpu/conv_onednn.h"
+#include "ampforge/backends/cpu/thread_scratch.h"
 
 #include <atomic>
 #include <chrono>
@@ -112,10 +113,10 @@ CpuConvAlgo cpu_conv_algo() {
 }
 
 int64_t onednn_conv_executions() { return g_executions.load(std::memory_order_relaxed); }
+int64_t onednn_scratch_bytes() { return thread_scratch_bytes(); }
+int64_t onednn_scratch_grows() { return thread_scratch_grows(); }
 
 #ifndef AMPFORGE_HAVE_ONEDNN
-int64_t onednn_scratch_bytes() { return 0; }
-int64_t onednn_scratch_grows() { return 0; }
 int64_t onednn_benchmarked_problems() { return 0; }
 #endif
 
@@ -140,7 +141,6 @@ namespace dn = dnnl;
 using md = dn::memory::desc;
 using tag = dn::memory::format_tag;
 
-using onednn::slot_buffer;
 dn::engine& cpu_engine() { return onednn::engine(); }
 
 enum class Dir : int64_t { Forward, BackwardInput, BackwardWeight };
@@ -385,14 +385,12 @@ std::shared_ptr<const Prim> lookup(const Problem& p) {
   return cache.get(p.key(), [&] { return create(p); });
 }
 
-// What a thread keeps in its slots (onednn_runtime.h) is bounded by the largest convolution it ran, per slot: 71 MiB
+// What a thread keeps in its slots (thread_scratch.h) is bounded by the largest convolution it ran, per slot: 71 MiB
 // after ResNet-50 b8 224 fp32 and bf16 steps (scratchpad 44, weights 9, image 12, output 6), 30 MiB after YOLOv8n b2
 // 640 (onednn_scratch_bytes() reports it; outside the caching allocator's statistics, next to its ~0.9 GiB peak for
 // that ResNet-50 step).
-using onednn::kImage;
-using onednn::kOut;
-using onednn::kScratch;
-using onednn::kWeights;
+// This file's uses of the per-thread scratch slots (thread_scratch.h).
+constexpr ScratchSlot kScratch = kScratch0, kWeights = kScratch1, kImage = kScratch2, kOut = kScratch3;
 
 // nhwc <-> nChw16c copy of an activation whose channels are a multiple of 16 (blocked_fits): one 16-channel run
 // per pixel and channel block, tiles of 64 pixels (at most 64 x C elements read or written per tile, in L1).
@@ -435,12 +433,12 @@ void blocked_copy(const md& user, const void* src, void* dst, bool to_blocked) {
 void execute(const Prim& prim, const Problem& p) {
   dn::engine& eng = cpu_engine();
   dn::stream& stream = onednn::thread_stream();
-  void* const scratch = slot_buffer(kScratch, prim.scratch_md.get_size());
-  void* const wtmp = slot_buffer(kWeights, prim.reorder ? prim.weight_prim_md.get_size() : 0);
+  void* const scratch = thread_scratch(kScratch, prim.scratch_md.get_size());
+  void* const wtmp = thread_scratch(kWeights, prim.reorder ? prim.weight_prim_md.get_size() : 0);
   dn::memory image_user(prim.image_md, eng, p.image->data_ptr());
   dn::memory out_user(prim.out_md, eng, p.out->data_ptr());
-  void* const image_tmp = slot_buffer(kImage, prim.act_reorder ? prim.image_prim_md.get_size() : 0);
-  void* const out_tmp = slot_buffer(kOut, prim.act_reorder ? prim.out_prim_md.get_size() : 0);
+  void* const image_tmp = thread_scratch(kImage, prim.act_reorder ? prim.image_prim_md.get_size() : 0);
+  void* const out_tmp = thread_scratch(kOut, prim.act_reorder ? prim.out_prim_md.get_size() : 0);
   dn::memory image = prim.act_reorder ? dn::memory(prim.image_prim_md, eng, image_tmp) : image_user;
   dn::memory out = prim.act_reorder ? dn::memory(prim.out_prim_md, eng, out_tmp) : out_user;
   dn::memory wuser(prim.weight_user_md, eng, p.weight->data_ptr());
@@ -567,7 +565,7 @@ bool run_pointwise_gemm(const Problem& p) {
   if (!w_rows && !w_cols) return false;
   const int64_t ldw = w_rows ? std::max<int64_t>(w.stride(0), C) : std::max<int64_t>(w.stride(1), Co);
   const float* gy = static_cast<const float*>(out.data_ptr());
-  float* const xs_buf = strided ? static_cast<float*>(slot_buffer(kImage, static_cast<size_t>(M * C) * sizeof(float)))
+  float* const xs_buf = strided ? static_cast<float*>(thread_scratch(kImage, static_cast<size_t>(M * C) * sizeof(float)))
                                 : nullptr;
   // Row r = (n, ho, wo) of xs is pixel (n, ho * sh, wo * sw) of the image.
   auto pixel = [&](int64_t r) {
@@ -608,7 +606,7 @@ bool run_pointwise_gemm(const Problem& p) {
     const bool rows_are_co = Co <= C;
     float* const dst = rows_are_co == w_rows
                            ? gw
-                           : static_cast<float*>(slot_buffer(kOut, static_cast<size_t>(Co * C) * sizeof(float)));
+                           : static_cast<float*>(thread_scratch(kOut, static_cast<size_t>(Co * C) * sizeof(float)));
     const int64_t ld_dst = dst == gw ? ldw : (rows_are_co ? C : Co);
     {
       const PoolIdleScope idle;
@@ -650,8 +648,6 @@ bool run(const Problem& p) {
 
 }  // namespace
 
-int64_t onednn_scratch_bytes() { return onednn::slot_bytes(); }
-int64_t onednn_scratch_grows() { return onednn::slot_grows(); }
 int64_t onednn_benchmarked_problems() { return g_benchmarked.load(std::memory_order_relaxed); }
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,

@@ -41,9 +41,10 @@ CpuConvAlgo cpu_conv_algo();
 // oneDNN convolution primitives executed by this process so far (all three directions), for the tests
 // that check which path ran.
 int64_t onednn_conv_executions();
-// The transient buffers (scratchpad, reordered weights, blocked activations) the threads that ran oneDNN
-// convolutions keep for their next calls, in bytes, and how many times one of them was (re)allocated because a
-// call needed more: a thread's buffers grow to its largest problem and are reused after (conv_onednn.cpp).
+// The transient buffers the threads keep for their next calls (thread_scratch.h: the oneDNN convolutions' scratchpad,
+// reordered weights and blocked activations, shared with the matrix products' scratch and conversions), in bytes, and
+// how many times one of them was (re)allocated because a call needed more: a thread's buffers grow to its largest
+// problem and are reused after.
 int64_t onednn_scratch_bytes();
 int64_t onednn_scratch_grows();
 // Problems benchmark mode has measured so far (each once per process).

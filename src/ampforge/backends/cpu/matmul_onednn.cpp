@@ -3,8 +3,9 @@
 // Primitive cache (onednn_runtime.h): a primitive descriptor is created once per problem (shapes, strides, bias,
 // thread count) and kept for the process, declined problems included; BERT-base's training step holds ~30 entries. The operands are described to oneDNN as they lie (strided memory descriptors), so the
 // transposed views of the backward pass (gy^T @ x, gy @ W) run without copies; oneDNN packs what its kernels need
-// into the user scratchpad (a per-thread slot, onednn_runtime.h).
+// into the user scratchpad (a per-thread slot, thread_scratch.h).
 #include "ampforge/backends/cpu/matmul_onednn.h"
+#include "ampforge/backends/cpu/thread_scratch.h"
 
 #include <atomic>
 #include <map>
@@ -202,7 +203,7 @@ bool run(Problem& p, const void* src, const void* wei, const void* bias, void* d
                                            {DNNL_ARG_DST, dn::memory(prim->dst, eng, dst)}};
   if (p.has_bias) args.emplace(DNNL_ARG_BIAS, dn::memory(prim->bias, eng, const_cast<void*>(bias)));
   if (const size_t n = prim->scratch.get_size(); n != 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch, eng, onednn::slot_buffer(onednn::kScratch, n)));
+    args.emplace(DNNL_ARG_SCRATCHPAD, dn::memory(prim->scratch, eng, thread_scratch(kScratch0, n)));
   {
     const PoolIdleScope idle;  // our workers sleep while the OpenMP team runs
     prim->mm.execute(stream, args);

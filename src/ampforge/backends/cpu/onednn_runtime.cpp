@@ -4,9 +4,6 @@
 #ifdef AMPFORGE_HAVE_ONEDNN
 #include <omp.h>
 
-#include <atomic>
-#include <memory>
-#include <new>
 #include <string>
 
 #include "ampforge/util/thread_pool.h"
@@ -29,38 +26,6 @@ int set_threads_for_call(bool parallel) {
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
   return n;
 }
-
-namespace {
-struct FreeAligned {
-  void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
-};
-using Buffer = std::unique_ptr<void, FreeAligned>;
-std::atomic<int64_t> g_bytes{0}, g_grows{0};
-
-struct Slots {
-  Buffer buf[kSlots];
-  size_t cap[kSlots] = {};
-  ~Slots() {
-    for (size_t c : cap) g_bytes.fetch_sub(static_cast<int64_t>(c), std::memory_order_relaxed);
-  }
-};
-}  // namespace
-
-void* slot_buffer(Slot slot, size_t bytes) {
-  if (bytes == 0) return nullptr;
-  thread_local Slots slots;
-  if (slots.cap[slot] < bytes) {
-    slots.buf[slot].reset();  // free first: the old and the new one need not both be resident
-    slots.buf[slot] = Buffer(::operator new[](bytes, std::align_val_t{64}));
-    g_bytes.fetch_add(static_cast<int64_t>(bytes - slots.cap[slot]), std::memory_order_relaxed);
-    g_grows.fetch_add(1, std::memory_order_relaxed);
-    slots.cap[slot] = bytes;
-  }
-  return slots.buf[slot].get();
-}
-
-int64_t slot_bytes() { return g_bytes.load(std::memory_order_relaxed); }
-int64_t slot_grows() { return g_grows.load(std::memory_order_relaxed); }
 
 bool native_bf16() {
   // dnnl_get_effective_cpu_isa() is the strongest ISA oneDNN dispatches to here (the CPU's, capped by

@@ -1,5 +1,5 @@
 // What the oneDNN-backed CPU kernels share (conv_onednn.cpp, matmul_onednn.cpp): the engine, the calling
-// thread's OpenMP team size and stream, per-thread transient buffers, and whether the CPU multiplies BF16 natively.
+// thread's OpenMP team size and stream, the primitive cache, and whether the CPU multiplies BF16 natively.
 // Internal to backends/cpu; empty in a build without oneDNN (AMPFORGE_HAVE_ONEDNN is defined for the files that use
 // it only, src/CMakeLists.txt).
 //
@@ -9,10 +9,7 @@
 // then does the work; a PoolIdleScope around the execution sends our pool's spinning workers to sleep meanwhile.
 //
 // Memory: primitives are created with scratchpad_mode::user, so the scratch they need and the copies a call makes are
-// buffers of this file, kept per calling thread and reused from call to call (slot_buffer), outside the caching
-// allocator as im2col's column buffers are (conv.cpp): a CPU kernel's transient scratch stays outside the caching
-// allocator, which is what the meta device's CPU stand-in models (no kernel scratch on the CPU), so
-// `memory fit --device meta` keeps equalling a CPU step.
+// per-thread buffers reused from call to call (thread_scratch.h), outside the caching allocator.
 #pragma once
 
 #ifdef AMPFORGE_HAVE_ONEDNN
@@ -39,18 +36,6 @@ int set_threads_for_call(bool parallel = true);
 
 // "oneDNN 2.6.3 (avx512_core_bf16)": the library's version and the strongest ISA it dispatches to here.
 std::string describe();
-
-// The transient buffers of a call, kept per calling thread and reused: each slot grows to the largest request it has
-// seen and is never shrunk. Taking them from the heap per call cost a fifth of a ResNet-50 step: buffers this size
-// (up to tens of MB) are mmap'ed by glibc, so every call page-faulted them in again and unmapped them after
-// (ResNet-50 b8 224 fp32 bench run: 792 -> 607-634 ms per step, 285,242 -> 55,061 page faults per run, none left per
-// step; docs/PERFORMANCE.md). Slots are named for the convolution's uses; other kernels take whichever they need.
-enum Slot { kScratch, kWeights, kImage, kOut, kSlots };
-// The calling thread's buffer for `slot`, at least `bytes` long and 64-byte aligned; null when bytes == 0. Valid
-// until the next call for the same slot on this thread.
-void* slot_buffer(Slot slot, size_t bytes);
-int64_t slot_bytes();  // held by all threads now
-int64_t slot_grows();  // (re)allocations so far
 
 // True when oneDNN may dispatch to AVX512_BF16 (or AMX) on this CPU: BF16 products on the BF16 dot-product
 // instructions, F32 accumulation. False elsewhere (there oneDNN's BF16 kernels emulate them or do not exist).
