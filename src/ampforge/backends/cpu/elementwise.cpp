@@ -267,7 +267,7 @@ bool copy_transposed(const ElementwiseIter& it, int64_t es) {
 
 // F32 <-> F16/BF16 (autocast's casts, the master-weight copies): runs contiguous on both sides go straight through
 // the bulk converters (core/convert.h), not through map_kernel's float buffers (a load, a copy and a store per
-// chunk); other runs are converted in L1 chunks. false: not such a pair of dtypes.
+// chunk); other runs are converted in L1 chunks.
 template <class SI, class SO>
 void convert_runs(const Tensor& out, const Tensor& in) {
   const ElementwiseIter it = make_elementwise_iter(out, {&in});
@@ -288,6 +288,7 @@ void convert_runs(const Tensor& out, const Tensor& in) {
   });
 }
 
+// out <- in for the four F32 <-> F16/BF16 pairs (convert_runs); false, nothing done, for any other pair of dtypes.
 bool convert_float16_pair(const Tensor& out, const Tensor& in) {
   const DType di = in.dtype(), d = out.dtype();
   if (di == DType::F32 && d == DType::BF16) convert_runs<float, BFloat16>(out, in);
