@@ -4,9 +4,10 @@
 // Why F32: OpenBLAS picks its kernels from a table of CPU models that lags behind new CPUs, and environments pin older
 // kernels on purpose (OPENBLAS_CORETYPE=Haswell on this project's AVX-512 AMD EPYC VMs, where older OpenBLAS builds
 // miscompute on the newer kernels); oneDNN generates its SGEMM for the running CPU at run time. Measured on 2 threads
-// on that EPYC, BERT-base's products (256 x 768 x 3072 and its transposes): 2.8-3.4 ms against 6.1-6.2 ms for
-// OpenBLAS's Haswell kernels, and on a par with or ahead of OpenBLAS's own AVX-512 (SkylakeX) kernels (2.8 against
-// 3.2-3.3 ms; the 40 x 30522 x 768 vocabulary product 6.7 against 12.8 ms); docs/PERFORMANCE.md.
+// on that EPYC, BERT-base's products (256 x 768 x 3072 and its transposes): 2.8-4.8 ms against 5.9-6.2 ms for
+// OpenBLAS's Haswell kernels (ad-hoc program, OpenBLAS's own threads; bench/gemm_shapes through ampforge: 1.7-2.7x),
+// and on a par with or ahead of OpenBLAS's own AVX-512 (SkylakeX) kernels (2.8-3.4 against 3.2-3.4 ms; the
+// 40 x 30522 x 768 vocabulary product 6.7 against 12.8 ms); docs/PERFORMANCE.md.
 //
 // Why BF16: without native BF16 arithmetic, blas.cpp converts BF16 operands to F32 matrices, runs SGEMM and rounds the
 // result: the conversions are pure cost, so BF16 autocast was slower than F32 (BERT-base b4 seq 64: 1334 against
