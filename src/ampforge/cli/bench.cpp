@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/backends/cpu/blas_kernels.h"
+#include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/backends/meta/meta.h"
@@ -336,6 +337,7 @@ int run_bench(const BenchFlags& f) {
     rep.blas_core = blas.core;
     rep.blas_source = cpu::blas_source_name(blas.source);
     rep.cpu_products = cpu::cpu_gemm_summary();
+    rep.cpu_convolutions = cpu::cpu_conv_summary();
   }
 
   // Models: the asked ones must exist; by default the brief's that this build has.

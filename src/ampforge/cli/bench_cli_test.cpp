@@ -3,6 +3,7 @@
 // checked without PyTorch), failures shown per cell, and usage errors (exit 2).
 #include <gtest/gtest.h>
 
+#include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/cli/cli_test_util.h"
 #include <sys/stat.h>
@@ -42,8 +43,16 @@ TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   EXPECT_EQ(j["schema"], "ampforge-bench v1");
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["threads"], 1);
-  // Which library runs ampforge's products on the CPU (the peer's OpenBLAS kernels are in "blas").
-  EXPECT_EQ(j["cpu_products"], ampforge::cpu::cpu_gemm_summary());
+  // Which library runs ampforge's products and convolutions on the CPU (the peer's OpenBLAS kernels are in "blas"):
+  // the text this process gives, up to the times of the BF16 measurement (bf16_compute.h), which the child made anew.
+  auto untimed = [](std::string s) {
+    if (const size_t p = s.find(" (measured: "); p != std::string::npos) s.erase(p);
+    return s;
+  };
+  ASSERT_TRUE(j["cpu_products"].is_string());
+  ASSERT_TRUE(j["cpu_convolutions"].is_string());
+  EXPECT_EQ(untimed(j["cpu_products"]), untimed(ampforge::cpu::cpu_gemm_summary()));
+  EXPECT_EQ(untimed(j["cpu_convolutions"]), untimed(ampforge::cpu::cpu_conv_summary()));
   EXPECT_EQ(j["settings"]["steps"], 2);
   EXPECT_TRUE(j["peer"].is_null());
   ASSERT_EQ(j["rows"].size(), 2u);

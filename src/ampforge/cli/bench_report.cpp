@@ -105,6 +105,7 @@ std::string header_lines(const BenchReport& r) {
     s += fmt::format("\nCPU BLAS: {}, {} kernels (chosen by {}; the peer loads the same library and kernels)",
                      r.blas_library, r.blas_core, r.blas_source);
   if (!r.cpu_products.empty()) s += "\nampforge's matrix products: " + r.cpu_products;
+  if (!r.cpu_convolutions.empty()) s += "\nampforge's convolutions: " + r.cpu_convolutions;
   if (!r.peer_torch.empty()) s += fmt::format("\npeer: PyTorch {} ({}), same threads, its faster memory format{}",
                                               r.peer_torch, r.peer_python,
                                               r.interleaved ? "; interleaved: one PyTorch step (per memory format) "
@@ -134,6 +135,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
                                   : nlohmann::json{{"library", r.blas_library}, {"core", r.blas_core},
                                                    {"source", r.blas_source}};
   j["cpu_products"] = r.cpu_products.empty() ? nlohmann::json() : nlohmann::json(r.cpu_products);
+  j["cpu_convolutions"] = r.cpu_convolutions.empty() ? nlohmann::json() : nlohmann::json(r.cpu_convolutions);
   j["settings"] = {{"warmup", r.warmup},         {"steps", r.steps},
                    {"optimizer", r.optimizer},   {"channels_last", r.channels_last},
                    {"cuda_graphs", r.cuda_graphs}, {"full", r.full}, {"recompute", r.recompute}, {"interleaved", r.interleaved},

@@ -63,6 +63,7 @@ struct BenchReport {
   // same system OpenBLAS and inherits OPENBLAS_CORETYPE, so both sides run the same GEMM kernels.
   std::string blas_library, blas_core, blas_source;
   std::string cpu_products;  // which library runs ampforge's F32 / BF16 products (cpu::cpu_gemm_summary())
+  std::string cpu_convolutions;  // which path and kernels run its convolutions (cpu::cpu_conv_summary())
   int threads = 0, warmup = 0, steps = 0;
   std::string optimizer;
   bool channels_last = true, cuda_graphs = false, full = false, recompute = false;

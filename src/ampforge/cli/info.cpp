@@ -3,6 +3,7 @@
 #include <string>
 
 #include "ampforge/backends/cpu/blas_kernels.h"
+#include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/cli/commands.h"
@@ -30,6 +31,7 @@ Command add_info_command(CLI::App& app) {
                         blas.core.empty() ? "?" : blas.core.c_str(), blas.note.c_str());
             const bool f32_on_onednn = cpu::onednn_f32_gemm_active();
             std::printf("CPU matrix products: %s\n", cpu::cpu_gemm_summary().c_str());
+            std::printf("CPU convolutions: %s\n", cpu::cpu_conv_summary().c_str());
             if (blas.below_cpu())
               std::printf("WARNING: these BLAS kernels are weaker than this CPU allows (%s): %s run slower than they "
                           "could\n",

@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ampforge/backends/cpu/bf16_compute.h"
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/gemm.h"
 #include "ampforge/backends/cpu/loops.h"
@@ -567,29 +568,81 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 // cpu_conv_path() reads (and checks) AMPFORGE_CPU_CONV in every build: "onednn" without oneDNN is an error.
 bool use_onednn() { return cpu_conv_path() == CpuConvPath::OneDnn; }
 
+// BF16 convolutions in F32 on oneDNN (bf16_compute.h: where oneDNN's BF16 kernels are slower than its F32 ones
+// with the conversions counted): the kernels below convert the BF16 operands to F32 tensors, run the F32 problem, and round the result
+// to BF16. The copies are tensors (the caching allocator's, counted in peak memory), not per-thread scratch: they are
+// activation-sized, and a grow-only scratch would keep the largest for the process.
+bool bf16_in_f32(const Tensor& out) { return out.dtype() == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32; }
+
+Tensor f32_copy(const Tensor& t) {
+  Tensor r = empty_like(t, DType::F32);
+  const bool converted = convert_float16_pair(r, t);
+  AF_ASSERT(converted, "conv: expected a BF16 operand");
+  return r;
+}
+
+void forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, const Conv2dAttrs& a) {
+  if (onednn_conv2d_forward(x, w, bias, y, a)) return;
+  visit_float(y.dtype(), "conv2d", [&](auto tag) { conv_forward<decltype(tag)>(x, w, bias, y, a); });
+}
+
+void backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, const Conv2dAttrs& a) {
+  if (onednn_conv2d_backward_input(gy, w, gx, a)) return;
+  visit_float(gx.dtype(), "conv2d_backward_input",
+              [&](auto tag) { conv_backward_input<decltype(tag)>(gy, w, gx, a); });
+}
+
+void backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, const Conv2dAttrs& a) {
+  if (onednn_conv2d_backward_weight(gy, x, gw, a)) return;
+  visit_float(gw.dtype(), "conv2d_backward_weight",
+              [&](auto tag) { conv_backward_weight<decltype(tag)>(gy, x, gw, a); });
+}
+
 // inputs: x, weight[, bias]; outputs: y.
 void conv2d_kernel(const KernelArgs& k) {
   const Tensor* bias = k.inputs.size() > 2 && k.in(2).defined() ? &k.in(2) : nullptr;
   const auto& a = k.attr<Conv2dAttrs>();
-  if (use_onednn() && onednn_conv2d_forward(k.in(0), k.in(1), bias, k.out(0), a)) return;
-  visit_float(k.out(0).dtype(), "conv2d",
-              [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
+  if (!use_onednn()) {
+    visit_float(k.out(0).dtype(), "conv2d",
+                [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
+  } else if (bf16_in_f32(k.out(0))) {
+    const Tensor b = bias != nullptr ? f32_copy(*bias) : Tensor();
+    const Tensor y = empty_like(k.out(0), DType::F32);
+    forward(f32_copy(k.in(0)), f32_copy(k.in(1)), bias != nullptr ? &b : nullptr, y, a);
+    convert_float16_pair(k.out(0), y);
+  } else {
+    forward(k.in(0), k.in(1), bias, k.out(0), a);
+  }
 }
 
 // inputs: grad_out, weight; outputs: grad_in.
 void conv2d_backward_input_kernel(const KernelArgs& k) {
   const auto& a = k.attr<Conv2dAttrs>();
-  if (use_onednn() && onednn_conv2d_backward_input(k.in(0), k.in(1), k.out(0), a)) return;
-  visit_float(k.out(0).dtype(), "conv2d_backward_input",
-              [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
+  if (!use_onednn()) {
+    visit_float(k.out(0).dtype(), "conv2d_backward_input",
+                [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
+  } else if (bf16_in_f32(k.out(0))) {
+    const Tensor gx = empty_like(k.out(0), DType::F32);
+    backward_input(f32_copy(k.in(0)), f32_copy(k.in(1)), gx, a);
+    convert_float16_pair(k.out(0), gx);
+  } else {
+    backward_input(k.in(0), k.in(1), k.out(0), a);
+  }
 }
 
 // inputs: grad_out, x; outputs: grad_weight.
 void conv2d_backward_weight_kernel(const KernelArgs& k) {
   const auto& a = k.attr<Conv2dAttrs>();
-  if (use_onednn() && onednn_conv2d_backward_weight(k.in(0), k.in(1), k.out(0), a)) return;
-  visit_float(k.out(0).dtype(), "conv2d_backward_weight",
-              [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
+  if (!use_onednn()) {
+    visit_float(k.out(0).dtype(), "conv2d_backward_weight",
+                [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
+  } else if (bf16_in_f32(k.out(0))) {
+    const Tensor gw = empty_like(k.out(0), DType::F32);
+    backward_weight(f32_copy(k.in(0)), f32_copy(k.in(1)), gw, a);
+    convert_float16_pair(k.out(0), gw);
+  } else {
+    backward_weight(k.in(0), k.in(1), k.out(0), a);
+  }
 }
 
 }  // namespace

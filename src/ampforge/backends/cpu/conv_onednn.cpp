@@ -49,6 +49,7 @@
 // transient buffers of a call (scratchpad, reordered weights, blocked activations; e.g. the F32 partial weight
 // gradients of BF16 convolutions) are per-thread buffers reused from call to call: thread_scratch.h says why.
 #include "ampforge/backends/cpu/conv_onednn.h"
+#include "ampforge/backends/cpu/bf16_compute.h"
 #include "ampforge/backends/cpu/thread_scratch.h"
 
 #include <atomic>
@@ -110,6 +111,14 @@ CpuConvAlgo cpu_conv_algo() {
   if (*v == "direct") return CpuConvAlgo::Direct;
   if (*v == "benchmark") return CpuConvAlgo::Benchmark;
   AF_THROW(InvalidArgument, "AMPFORGE_CPU_CONV_ALGO={}: expected auto, direct or benchmark", *v);
+}
+
+std::string cpu_conv_summary() {
+#ifdef AMPFORGE_HAVE_ONEDNN
+  if (cpu_conv_path() == CpuConvPath::OneDnn)
+    return onednn::describe() + "; BF16: " + cpu_bf16_summary(Bf16Kind::Conv);
+#endif
+  return "im2col (16-bit operands staged in F32)";
 }
 
 int64_t onednn_conv_executions() { return g_executions.load(std::memory_order_relaxed); }

@@ -38,6 +38,10 @@ CpuConvPath cpu_conv_path();
 enum class CpuConvAlgo { Auto, Direct, Benchmark };
 CpuConvAlgo cpu_conv_algo();
 
+// Which path and kernels run convolutions here, for `ampforge info` and the bench header: "oneDNN 2.6.3
+// (avx512_core_bf16); BF16: F32 copies (measured: ...)" (bf16_compute.h), or "im2col (16-bit operands staged in F32)".
+std::string cpu_conv_summary();
+
 // oneDNN convolution primitives executed by this process so far (all three directions), for the tests
 // that check which path ran.
 int64_t onednn_conv_executions();

@@ -288,17 +288,6 @@ void convert_runs(const Tensor& out, const Tensor& in) {
   });
 }
 
-// out <- in for the four F32 <-> F16/BF16 pairs (convert_runs); false, nothing done, for any other pair of dtypes.
-bool convert_float16_pair(const Tensor& out, const Tensor& in) {
-  const DType di = in.dtype(), d = out.dtype();
-  if (di == DType::F32 && d == DType::BF16) convert_runs<float, BFloat16>(out, in);
-  else if (di == DType::F32 && d == DType::F16) convert_runs<float, Half>(out, in);
-  else if (di == DType::BF16 && d == DType::F32) convert_runs<BFloat16, float>(out, in);
-  else if (di == DType::F16 && d == DType::F32) convert_runs<Half, float>(out, in);
-  else return false;
-  return true;
-}
-
 // copy: out <- in with broadcasting and dtype conversion (Bool output stores x != 0).
 void copy_kernel(const KernelArgs& a) {
   const Tensor& out = a.out(0);
@@ -443,6 +432,17 @@ void where_kernel(const KernelArgs& a) {
 }
 
 }  // namespace
+
+// loops.h. The four pairs run on convert_runs.
+bool convert_float16_pair(const Tensor& out, const Tensor& in) {
+  const DType di = in.dtype(), d = out.dtype();
+  if (di == DType::F32 && d == DType::BF16) convert_runs<float, BFloat16>(out, in);
+  else if (di == DType::F32 && d == DType::F16) convert_runs<float, Half>(out, in);
+  else if (di == DType::BF16 && d == DType::F32) convert_runs<BFloat16, float>(out, in);
+  else if (di == DType::F16 && d == DType::F32) convert_runs<Half, float>(out, in);
+  else return false;
+  return true;
+}
 
 void register_elementwise_cpu() {
   auto reg = [](OpId op, KernelFn fn) { register_kernel(op, DeviceType::CPU, fn); };

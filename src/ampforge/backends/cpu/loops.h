@@ -180,6 +180,10 @@ void map_kernel(const Tensor& out, std::initializer_list<const Tensor*> inputs, 
       grain);
 }
 
+// out <- in for the four F32 <-> F16/BF16 pairs, any strides on either side (elementwise.cpp: the copy kernel's
+// conversion path, for kernels that stage 16-bit operands in F32); false, nothing done, for any other pair of dtypes.
+bool convert_float16_pair(const Tensor& out, const Tensor& in);
+
 // Calls f(T{}) for the floating storage types the CPU kernels support.
 template <class F>
 void visit_float(DType d, const char* what, F&& f) {

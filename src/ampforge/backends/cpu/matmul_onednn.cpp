@@ -5,6 +5,7 @@
 // transposed views of the backward pass (gy^T @ x, gy @ W) run without copies; oneDNN packs what its kernels need
 // into the user scratchpad (a per-thread slot, thread_scratch.h).
 #include "ampforge/backends/cpu/matmul_onednn.h"
+#include "ampforge/backends/cpu/bf16_compute.h"
 #include "ampforge/backends/cpu/thread_scratch.h"
 
 #include <atomic>
@@ -61,15 +62,16 @@ bool onednn_f32_gemm_active() { return cpu_matmul_path() == CpuMatmulPath::OneDn
 std::string cpu_gemm_summary() {
 #ifdef AMPFORGE_HAVE_ONEDNN
   if (onednn_f32_gemm_active())
-    return "F32 on " + onednn::describe() + " SGEMM, BF16 " +
-           (onednn::native_bf16() ? "on its AVX512_BF16 matmul" : "via F32 copies (no native BF16 on this CPU)");
+    return "F32 on " + onednn::describe() + " SGEMM; BF16: " +
+           (onednn::native_bf16() ? cpu_bf16_summary(Bf16Kind::Matmul) : "F32 copies (no AVX512_BF16)");
 #endif
   return "OpenBLAS (BF16 via F32 copies)";
 }
 
 bool onednn_bf16_matmul_active() {
 #ifdef AMPFORGE_HAVE_ONEDNN
-  return cpu_matmul_path() == CpuMatmulPath::OneDnn && onednn::native_bf16();
+  return cpu_matmul_path() == CpuMatmulPath::OneDnn && onednn::native_bf16() &&
+         cpu_bf16_compute(Bf16Kind::Matmul) == Bf16Compute::Native;
 #else
   (void)cpu_matmul_path();  // still rejects a bad value
   return false;

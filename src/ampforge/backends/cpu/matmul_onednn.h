@@ -22,7 +22,8 @@
 //
 // Which path runs: AMPFORGE_CPU_MATMUL, read at every call so that a test or an A/B measurement can switch it:
 // unset, empty or "auto" = oneDNN for F32 whenever this build has oneDNN, and for BF16 where the CPU also has
-// native BF16 (AVX512_BF16 / AMX); "blas" = always OpenBLAS (BF16 through F32 copies); "onednn" = as auto, but an
+// native BF16 (AVX512_BF16 / AMX) and bf16_compute.h chooses the native way (AMPFORGE_CPU_BF16; on CPUs where the
+// BF16 matmul is slower than F32 copies + SGEMM, BF16 products take the conversion path, whose SGEMM is oneDNN's); "blas" = always OpenBLAS (BF16 through F32 copies); "onednn" = as auto, but an
 // error in a build without oneDNN. Any other value raises InvalidArgument naming the variable. F64 and F16 (no F16
 // matmul on the CPU in oneDNN 2.6) always run on OpenBLAS, as does a BF16 problem oneDNN offers only its reference
 // kernel for.

@@ -10,6 +10,8 @@
 //     linear with and without a bias of any stride) gives the product of the BF16 inputs computed in F64, within
 //     the BF16 row of the tolerance table; the two paths also agree with each other at that row;
 //   - a layout oneDNN cannot describe (a zero stride inside a matrix) is declined and computed by the other path.
+// The oneDNN side runs with AMPFORGE_CPU_BF16=native, so that its BF16 kernels are tested on every CPU that has them,
+// also where `auto` measured the F32 copies faster (bf16_compute_test.cpp tests that choice).
 // On a CPU without native BF16 the counter must stay still: the tests then check the fallback, and say so.
 #include <gtest/gtest.h>
 
@@ -107,6 +109,7 @@ std::vector<Case> cases() {
 }
 
 TEST(CpuMatmulOneDnn, EveryLayoutMatchesF64OnBothPaths) {
+  const ScopedEnv native("AMPFORGE_CPU_BF16", "native");
   const bool active = [] {
     ScopedEnv env("AMPFORGE_CPU_MATMUL", std::nullopt);
     return cpu::onednn_bf16_matmul_active();
@@ -150,6 +153,7 @@ TEST(CpuMatmulOneDnn, ModelSizedProductsMatchTheConversionPath) {
   auto products = [&] {
     return std::vector<Tensor>{ops::linear(x, w, b), ops::matmul(gy, w), ops::matmul(mT(gy), x)};
   };
+  const ScopedEnv native("AMPFORGE_CPU_BF16", "native");
   std::vector<Tensor> blas, dflt;
   {
     ScopedEnv env("AMPFORGE_CPU_MATMUL", "blas");

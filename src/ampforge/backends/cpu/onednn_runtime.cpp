@@ -38,6 +38,15 @@ bool native_bf16() {
   return yes;
 }
 
+bool amx() {
+  static const bool yes = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+    return (isa & amx) == amx;
+  }();
+  return yes;
+}
+
 std::string describe() {
   const dnnl_version_t* v = dnnl_version();
   const char* isa = "?";

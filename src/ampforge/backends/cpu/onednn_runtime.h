@@ -41,6 +41,9 @@ std::string describe();
 // instructions, F32 accumulation. False elsewhere (there oneDNN's BF16 kernels emulate them or do not exist).
 bool native_bf16();
 
+// True when oneDNN may dispatch to AMX (avx512_core_amx: BF16 tile products) on this CPU.
+bool amx();
+
 // Created primitives, per problem, for the process. Creating a primitive descriptor walks oneDNN's implementation
 // list and JIT-compiles kernels (0.1-10 ms each) against ~1 ms for a typical execution, so each problem (its key:
 // everything the primitive depends on, the thread count included) is created once and kept, problems oneDNN
