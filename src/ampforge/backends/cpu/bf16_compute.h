@@ -4,7 +4,7 @@
 // Why a choice: AVX512_BF16 does not make BF16 faster everywhere. Measured on 2 threads with oneDNN 2.6
 // (docs/PERFORMANCE.md): on an AMD EPYC (Zen 5) VM its BF16 matmul ran BERT-base's products in a quarter of the time of
 // F32 copies + SGEMM; on an Intel Xeon (model 207) VM that exposes AVX512_BF16 but not AMX, the same BF16 matmul took
-// 1.4-1.5x the time of the F32 path, and its BF16 convolutions 1.5-3x the time of its F32 ones (Winograd included) for
+// 1.2-1.8x the time of the F32 path, and its BF16 convolutions 1.5-3x the time of its F32 ones (Winograd included) for
 // nearly every YOLOv8s and ResNet-50 convolution. No CPU flag tells the two apart, so `auto` measures.
 //
 // AMPFORGE_CPU_BF16, read at every call (a test or an A/B run can switch it):
