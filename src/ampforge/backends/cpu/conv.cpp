@@ -1,8 +1,9 @@
 // CPU convolution: conv2d forward and its input and weight gradients, as im2col + GEMM (gemm.h).
 //
 // The kernels at the end first offer the problem to oneDNN (conv_onednn.h) when the build has it and
-// AMPFORGE_CPU_CONV does not say im2col; what oneDNN cannot run well (F64, F16, problems with only a
-// reference kernel there) comes back here. Everything below this comment is the im2col path.
+// AMPFORGE_CPU_CONV does not say im2col (F16, and BF16 where bf16_compute.h says so, as the F32 problem on F32
+// copies); what oneDNN cannot run well (F64, problems with only a reference kernel there) comes back here.
+// Everything below this comment is the im2col path.
 //
 // One layout inside: channels-last (NHWC). im2col rows are output pixels (n, oh, ow) and columns are
 // (kh, kw, c), so
@@ -568,16 +569,22 @@ void conv_backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, c
 // cpu_conv_path() reads (and checks) AMPFORGE_CPU_CONV in every build: "onednn" without oneDNN is an error.
 bool use_onednn() { return cpu_conv_path() == CpuConvPath::OneDnn; }
 
-// BF16 convolutions in F32 on oneDNN (bf16_compute.h: where oneDNN's BF16 kernels are slower than its F32 ones
-// with the conversions counted): the kernels below convert the BF16 operands to F32 tensors, run the F32 problem, and round the result
-// to BF16. The copies are tensors (the caching allocator's, counted in peak memory), not per-thread scratch: they are
-// activation-sized, and a grow-only scratch would keep the largest for the process.
-bool bf16_in_f32(const Tensor& out) { return out.dtype() == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32; }
+// 16-bit convolutions in F32 on oneDNN: the kernels below convert the operands to F32 tensors, run the F32 problem
+// (its Winograd and 1x1 GEMM choices included), and round the result to the 16-bit type once. F16 always: oneDNN 2.6
+// has no F16 convolution, and the im2col path it would fall to (which also computes in F32) is slower (ResNet-50 b8
+// 128 fp16 step: NNN -> NNN ms). BF16 where bf16_compute.h chooses the F32 way (oneDNN's BF16 kernels slower than
+// its F32 ones with the conversions counted). The copies are tensors (the caching allocator's, counted in peak
+// memory), not per-thread scratch: they are activation-sized, and a grow-only scratch would keep the largest for the
+// process.
+bool in_f32(const Tensor& out) {
+  return out.dtype() == DType::F16 ||
+         (out.dtype() == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32);
+}
 
 Tensor f32_copy(const Tensor& t) {
   Tensor r = empty_like(t, DType::F32);
   const bool converted = convert_float16_pair(r, t);
-  AF_ASSERT(converted, "conv: expected a BF16 operand");
+  AF_ASSERT(converted, "conv: expected an F16 or BF16 operand");
   return r;
 }
 
@@ -605,7 +612,7 @@ void conv2d_kernel(const KernelArgs& k) {
   if (!use_onednn()) {
     visit_float(k.out(0).dtype(), "conv2d",
                 [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
-  } else if (bf16_in_f32(k.out(0))) {
+  } else if (in_f32(k.out(0))) {
     const Tensor b = bias != nullptr ? f32_copy(*bias) : Tensor();
     const Tensor y = empty_like(k.out(0), DType::F32);
     forward(f32_copy(k.in(0)), f32_copy(k.in(1)), bias != nullptr ? &b : nullptr, y, a);
@@ -621,7 +628,7 @@ void conv2d_backward_input_kernel(const KernelArgs& k) {
   if (!use_onednn()) {
     visit_float(k.out(0).dtype(), "conv2d_backward_input",
                 [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
-  } else if (bf16_in_f32(k.out(0))) {
+  } else if (in_f32(k.out(0))) {
     const Tensor gx = empty_like(k.out(0), DType::F32);
     backward_input(f32_copy(k.in(0)), f32_copy(k.in(1)), gx, a);
     convert_float16_pair(k.out(0), gx);
@@ -636,7 +643,7 @@ void conv2d_backward_weight_kernel(const KernelArgs& k) {
   if (!use_onednn()) {
     visit_float(k.out(0).dtype(), "conv2d_backward_weight",
                 [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
-  } else if (bf16_in_f32(k.out(0))) {
+  } else if (in_f32(k.out(0))) {
     const Tensor gw = empty_like(k.out(0), DType::F32);
     backward_weight(f32_copy(k.in(0)), f32_copy(k.in(1)), gw, a);
     convert_float16_pair(k.out(0), gw);

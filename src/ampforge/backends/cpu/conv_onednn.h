@@ -3,10 +3,10 @@
 // conv_onednn.cpp and docs/ARCHITECTURE.md ("CPU kernels").
 //
 // Which path runs: AMPFORGE_CPU_CONV=onednn (the default in a build with oneDNN) or im2col, read at every
-// call so that a test or an A/B measurement can switch it. A problem oneDNN has no fast kernel for (F64,
-// F16 in oneDNN 2.6, a problem for which it offers only its reference implementation or its gemm-based one,
-// as for most plain NCHW activations) runs on im2col
-// whatever the variable says.
+// call so that a test or an A/B measurement can switch it. A problem oneDNN has no fast kernel for (F64, a problem
+// for which it offers only its reference implementation or its gemm-based one, as for most plain NCHW activations)
+// runs on im2col whatever the variable says. F16 (no F16 convolution in oneDNN 2.6), and BF16 where bf16_compute.h
+// chooses the F32 way, reach the functions below as F32 problems on F32 copies (conv.cpp).
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,7 @@
 //   - BF16 both ways (bf16_compute.h): on oneDNN's BF16 kernels, and as F32 on F32 copies, which gives exactly the
 //     bits of the F32 problem on the converted operands, rounded to BF16.
 // Without oneDNN in the build, the comparison tests skip and the error test checks the message.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -405,45 +406,48 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
   }
 }
 
-// AMPFORGE_CPU_BF16=f32: a BF16 convolution is the F32 convolution of its operands converted to F32, rounded to BF16
-// (the same primitive on the same shapes and layouts: the same bits), in all three directions, with a bias; and
-// oneDNN's BF16 kernels agree with it within the BF16 row of the table.
-TEST(OneDnnConv, Bf16AsF32CopiesIsTheF32ProblemRounded) {
+// A 16-bit convolution on the F32 way (F16 always, BF16 with AMPFORGE_CPU_BF16=f32) is the F32 convolution of its
+// operands converted to F32, rounded once (the same primitive on the same shapes and layouts: the same bits), in all
+// three directions, with a bias; and oneDNN's BF16 kernels agree with the F32 way within the BF16 row of the table.
+TEST(OneDnnConv, SixteenBitAsF32CopiesIsTheF32ProblemRounded) {
   if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
   ScopedEnv path("AMPFORGE_CPU_CONV", "onednn");
   ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "auto");
   auto f32 = [](const Tensor& t) { return ops::to_dtype(t, DType::F32); };
-  auto bf16 = [](const Tensor& t) { return ops::to_dtype(t, DType::BF16); };
   // 3x3 with 64 channels on 16x16 takes the Winograd rule in F32; the strided and the 1x1 ones other kernels.
   const std::vector<std::pair<Shape, Conv2dAttrs>> problems{
       {{2, 64, 16, 16}, conv_attrs(1, 1, 1, 1, 1, 1, 1)},
       {{2, 32, 15, 15}, conv_attrs(2, 2, 1, 1, 1, 1, 1)},
       {{2, 48, 9, 9}, conv_attrs(1, 1, 0, 0, 1, 1, 1)}};
-  for (const auto& [xs, a] : problems) {
-    const int64_t k = a.padding[0] == 0 ? 1 : 3;
-    const Tensor x = rnd(xs, DType::BF16, kNHWC), w = rnd({64, xs[1], k, k}, DType::BF16), b = rnd({64}, DType::BF16);
-    const Tensor gy = rnd(ops::conv2d_output_shape(xs, w.shape(), a), DType::BF16, kNHWC);
-    const std::string what = fmt::format("x {} stride {}", fmt::join(xs, "x"), a.stride[0]);
-    int64_t n = 0;
-    ConvRun as_f32;
-    {
-      ScopedEnv way("AMPFORGE_CPU_BF16", "f32");
-      as_f32 = run_on("onednn", x, w, b, gy, a, &n);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const auto& [xs, a] : problems) {
+      const int64_t k = a.padding[0] == 0 ? 1 : 3;
+      const Tensor x = rnd(xs, dt, kNHWC), w = rnd({64, xs[1], k, k}, dt), b = rnd({64}, dt);
+      const Tensor gy = rnd(ops::conv2d_output_shape(xs, w.shape(), a), dt, kNHWC);
+      const std::string what = fmt::format("{} x {} stride {}", dtype_name(dt), fmt::join(xs, "x"), a.stride[0]);
+      auto rounded = [&](const Tensor& t) { return ops::to_dtype(t, dt).tolist<float>(); };
+      int64_t n = 0;
+      ConvRun as_f32;
+      {
+        ScopedEnv way("AMPFORGE_CPU_BF16", "f32");
+        as_f32 = run_on("onednn", x, w, b, gy, a, &n);
+      }
+      EXPECT_EQ(n, 3) << what << ": the F32 problem should run on oneDNN";
+      const ConvRun want = run_on("onednn", f32(x), f32(w), f32(b), f32(gy), a, &n);
+      EXPECT_EQ(as_f32.y.dtype(), dt);
+      EXPECT_TRUE(as_f32.y.is_contiguous(kNHWC)) << what;
+      EXPECT_EQ(as_f32.y.tolist<float>(), rounded(want.y)) << what << " forward";
+      EXPECT_EQ(as_f32.gx.tolist<float>(), rounded(want.gx)) << what << " grad_input";
+      EXPECT_EQ(as_f32.gw.tolist<float>(), rounded(want.gw)) << what << " grad_weight";
+      if (dt != DType::BF16) continue;
+      ScopedEnv way("AMPFORGE_CPU_BF16", "native");
+      const ConvRun native = run_on("onednn", x, w, b, gy, a, &n);
+      EXPECT_EQ(n, 3) << what << ": oneDNN's BF16 kernels declined (" << cpu::onednn_last_impl() << ")";
+      // The table's scale: ~300-term sums.
+      const double terms_y = static_cast<double>(xs[1] * k * k), terms_gx = 64.0 * k * k,
+                   terms_gw = static_cast<double>(gy.numel() / 64);
+      expect_close(native.y, as_f32.y, what + " forward, native against F32 copies", std::max(1.0, terms_y / 300));
+      expect_close(native.gx, as_f32.gx, what + " grad_input, native against F32 copies", std::max(1.0, terms_gx / 300));
+      expect_close(native.gw, as_f32.gw, what + " grad_weight, native against F32 copies", std::max(1.0, terms_gw / 300));
     }
-    EXPECT_EQ(n, 3) << what << ": the F32 problem should run on oneDNN";
-    const ConvRun want = run_on("onednn", f32(x), f32(w), f32(b), f32(gy), a, &n);
-    EXPECT_EQ(as_f32.y.dtype(), DType::BF16);
-    EXPECT_TRUE(as_f32.y.is_contiguous(kNHWC)) << what;
-    EXPECT_EQ(as_f32.y.tolist<float>(), bf16(want.y).tolist<float>()) << what << " forward";
-    EXPECT_EQ(as_f32.gx.tolist<float>(), bf16(want.gx).tolist<float>()) << what << " grad_input";
-    EXPECT_EQ(as_f32.gw.tolist<float>(), bf16(want.gw).tolist<float>()) << what << " grad_weight";
-    ScopedEnv way("AMPFORGE_CPU_BF16", "native");
-    const ConvRun native = run_on("onednn", x, w, b, gy, a, &n);
-    EXPECT_EQ(n, 3) << what << ": oneDNN's BF16 kernels declined (" << cpu::onednn_last_impl() << ")";
-    const double depth = static_cast<double>(xs[1] * k * k) / 300.0;  // the table's scale: ~300-term sums
-    expect_close(native.y, as_f32.y, what + " forward, native against F32 copies", std::max(1.0, depth));
-    expect_close(native.gx, as_f32.gx, what + " grad_input, native against F32 copies", std::max(1.0, 64.0 * k * k / 300));
-    expect_close(native.gw, as_f32.gw, what + " grad_weight, native against F32 copies",
-                 std::max(1.0, static_cast<double>(gy.numel() / 64) / 300.0));
-  }
 }

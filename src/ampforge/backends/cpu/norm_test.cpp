@@ -177,13 +177,15 @@ TEST(BatchNorm, GradientsMatchFiniteDifferences) {
                          {x3, b3}, 1e-6, "batch_norm 3-D bias only");
 }
 
-// With and without a fused activation (SiLU: its backward also stores and re-reads dz).
+// With and without a fused activation (SiLU: its backward also stores and re-reads dz, in grad_input for F32 and
+// in an F32 buffer for BF16), F32 and BF16.
 TEST(BatchNorm, SameBitsForAnyThreadCount) {
   Generator gen(6);
   for (NormAct act : {NormAct::None, NormAct::SiLU}) {
+    for (DType dt : {DType::F32, DType::BF16})
     for (MemoryFormat fmt : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-      Tensor x = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
-      Tensor g = ops::contiguous(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), fmt);
+      Tensor x = ops::contiguous(ops::to_dtype(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), dt), fmt);
+      Tensor g = ops::contiguous(ops::to_dtype(ops::randn({32, 16, 14, 14}, DType::F32, kCPU, &gen), dt), fmt);
       Tensor w = ops::randn({16}, DType::F32, kCPU, &gen), b = ops::randn({16}, DType::F32, kCPU, &gen);
       auto run = [&] {
         Tensor rm = ops::zeros({16}), rv = ops::ones({16});
