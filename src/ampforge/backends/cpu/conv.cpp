@@ -576,10 +576,7 @@ bool use_onednn() { return cpu_conv_path() == CpuConvPath::OneDnn; }
 // its F32 ones with the conversions counted). The copies are tensors (the caching allocator's, counted in peak
 // memory), not per-thread scratch: they are activation-sized, and a grow-only scratch would keep the largest for the
 // process.
-bool in_f32(const Tensor& out) {
-  return out.dtype() == DType::F16 ||
-         (out.dtype() == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32);
-}
+bool in_f32(const Tensor& out) { return cpu_conv_in_f32_copies(out.dtype()); }
 
 Tensor f32_copy(const Tensor& t) {
   Tensor r = empty_like(t, DType::F32);
@@ -613,9 +610,12 @@ void conv2d_kernel(const KernelArgs& k) {
     visit_float(k.out(0).dtype(), "conv2d",
                 [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
   } else if (in_f32(k.out(0))) {
+    // One statement per copy: the meta device takes the same allocations in this order (meta/cpu_scratch.h).
+    const Tensor x = f32_copy(k.in(0));
+    const Tensor w = f32_copy(k.in(1));
     const Tensor b = bias != nullptr ? f32_copy(*bias) : Tensor();
     const Tensor y = empty_like(k.out(0), DType::F32);
-    forward(f32_copy(k.in(0)), f32_copy(k.in(1)), bias != nullptr ? &b : nullptr, y, a);
+    forward(x, w, bias != nullptr ? &b : nullptr, y, a);
     convert_float16_pair(k.out(0), y);
   } else {
     forward(k.in(0), k.in(1), bias, k.out(0), a);
@@ -629,8 +629,10 @@ void conv2d_backward_input_kernel(const KernelArgs& k) {
     visit_float(k.out(0).dtype(), "conv2d_backward_input",
                 [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
   } else if (in_f32(k.out(0))) {
+    const Tensor gy = f32_copy(k.in(0));
+    const Tensor w = f32_copy(k.in(1));
     const Tensor gx = empty_like(k.out(0), DType::F32);
-    backward_input(f32_copy(k.in(0)), f32_copy(k.in(1)), gx, a);
+    backward_input(gy, w, gx, a);
     convert_float16_pair(k.out(0), gx);
   } else {
     backward_input(k.in(0), k.in(1), k.out(0), a);
@@ -644,8 +646,10 @@ void conv2d_backward_weight_kernel(const KernelArgs& k) {
     visit_float(k.out(0).dtype(), "conv2d_backward_weight",
                 [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
   } else if (in_f32(k.out(0))) {
+    const Tensor gy = f32_copy(k.in(0));
+    const Tensor x = f32_copy(k.in(1));
     const Tensor gw = empty_like(k.out(0), DType::F32);
-    backward_weight(f32_copy(k.in(0)), f32_copy(k.in(1)), gw, a);
+    backward_weight(gy, x, gw, a);
     convert_float16_pair(k.out(0), gw);
   } else {
     backward_weight(k.in(0), k.in(1), k.out(0), a);
@@ -653,6 +657,11 @@ void conv2d_backward_weight_kernel(const KernelArgs& k) {
 }
 
 }  // namespace
+
+bool cpu_conv_in_f32_copies(DType dtype) {
+  return use_onednn() && (dtype == DType::F16 ||
+                          (dtype == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32));
+}
 
 void register_conv_cpu() {
   register_kernel(OpId::conv2d, DeviceType::CPU, conv2d_kernel);

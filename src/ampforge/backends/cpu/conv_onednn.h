@@ -38,6 +38,11 @@ CpuConvPath cpu_conv_path();
 enum class CpuConvAlgo { Auto, Direct, Benchmark };
 CpuConvAlgo cpu_conv_algo();
 
+// Whether conv.cpp's kernels run a convolution of this dtype as the F32 problem on F32 copies of its operands: F16, and
+// BF16 where bf16_compute.h chooses the F32 way, when AMPFORGE_CPU_CONV is onednn. Those copies come from the caching
+// allocator (the meta device standing for the CPU takes the same: backends/meta/cpu_scratch.h).
+bool cpu_conv_in_f32_copies(DType dtype);
+
 // Which path and kernels run convolutions here, for `ampforge info` and the bench header: "oneDNN 2.6.3
 // (avx512_core_bf16); BF16: F32 copies (measured: ...)" (bf16_compute.h), or "im2col (16-bit operands staged in F32)".
 std::string cpu_conv_summary();

@@ -1,7 +1,9 @@
 // The meta backend's kernels: one per op of the op list, none of which computes anything (meta.h). The ops/
 // layer allocates every output before it dispatches, so the generic kernel has nothing to do. When the meta
 // device stands for CUDA, the kernels of ops whose CUDA kernels take memory from the caching allocator take the
-// same amount for the duration of the call (cuda_scratch.h), so that a meta step's peak is the GPU step's.
+// same amount for the duration of the call (cuda_scratch.h), so that a meta step's peak is the GPU step's; likewise
+// for the few CPU kernels that do (cpu_scratch.h) when it stands for the CPU.
+#include "ampforge/backends/meta/cpu_scratch.h"
 #include "ampforge/backends/meta/cuda_scratch.h"
 #include "ampforge/backends/meta/meta.h"
 #include "ampforge/core/dispatch.h"
@@ -16,22 +18,30 @@ namespace {
 
 void meta_nothing(const KernelArgs&) {}
 
-// Runs `scratch` only when the meta device stands for CUDA; the CPU kernels take no memory from the allocator.
+// Runs `scratch` only when the meta device stands for CUDA.
 template <void (*scratch)(const KernelArgs&)>
 void meta_cuda_scratch(const KernelArgs& args) {
   if (meta::target() == DeviceType::CUDA) scratch(args);
 }
 
+// Runs the CUDA kernel's scratch or the CPU kernel's, whichever device the meta device stands for.
+template <void (*cuda)(const KernelArgs&), void (*cpu)(const KernelArgs&)>
+void meta_scratch(const KernelArgs& args) {
+  if (meta::target() == DeviceType::CUDA) cuda(args);
+  else if (meta::target() == DeviceType::CPU) cpu(args);
+}
+
 KernelFn meta_kernel(OpId op) {
   namespace cs = meta::cuda_scratch;
+  namespace hs = meta::cpu_scratch;
   switch (op) {
     case OpId::matmul:
     case OpId::linear: return meta_cuda_scratch<cs::blas>;
-    case OpId::conv2d: return meta_cuda_scratch<cs::conv2d>;
-    case OpId::conv2d_backward_input: return meta_cuda_scratch<cs::conv2d_backward_input>;
-    case OpId::conv2d_backward_weight: return meta_cuda_scratch<cs::conv2d_backward_weight>;
+    case OpId::conv2d: return meta_scratch<cs::conv2d, hs::conv2d>;
+    case OpId::conv2d_backward_input: return meta_scratch<cs::conv2d_backward_input, hs::conv2d_backward_input>;
+    case OpId::conv2d_backward_weight: return meta_scratch<cs::conv2d_backward_weight, hs::conv2d_backward_weight>;
     case OpId::batch_norm: return meta_cuda_scratch<cs::batch_norm>;
-    case OpId::batch_norm_backward: return meta_cuda_scratch<cs::batch_norm_backward>;
+    case OpId::batch_norm_backward: return meta_scratch<cs::batch_norm_backward, hs::batch_norm_backward>;
     case OpId::layer_norm_backward: return meta_cuda_scratch<cs::layer_norm_backward>;
     case OpId::cross_entropy: return meta_cuda_scratch<cs::cross_entropy>;
     case OpId::bce_with_logits: return meta_cuda_scratch<cs::bce_with_logits>;
