@@ -510,7 +510,11 @@ int run_bench(const BenchFlags& f) {
       rep.rows.push_back(std::move(row));
     }
   }
-  if (f.peer == "auto" && peer_python.empty()) rep.sizes_note += "; peer: no Python with torch found (" + why + ")";
+  if (f.peer == "auto" && peer_python.empty()) {
+    while (!why.empty() && (why.back() == ' ' || why.back() == ';')) why.pop_back();
+    rep.sizes_note += "; peer: no Python with torch found (" + why +
+                      "; `scripts/setup --peer` installs Debian's PyTorch, or give --peer PYTHON)";
+  }
   compute_derived(rep);
   if (!f.markdown.empty()) write_file_atomically(f.markdown, bench_markdown(rep), "Markdown file");
   if (!f.svg.empty()) write_file_atomically(f.svg, bench_svg(rep), "SVG file");
