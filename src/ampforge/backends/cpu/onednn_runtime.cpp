@@ -27,23 +27,23 @@ int set_threads_for_call(bool parallel) {
   return n;
 }
 
+namespace {
+// dnnl_get_effective_cpu_isa() is the strongest ISA oneDNN dispatches to here (the CPU's, capped by ONEDNN_MAX_CPU_ISA).
+// Its values are bit sets growing with the ISA: AVX512_BF16's bits are in AMX's too.
+bool dispatches_to(dnnl::cpu_isa want) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto w = static_cast<unsigned>(want);
+  return (isa & w) == w;
+}
+}  // namespace
+
 bool native_bf16() {
-  // dnnl_get_effective_cpu_isa() is the strongest ISA oneDNN dispatches to here (the CPU's, capped by
-  // ONEDNN_MAX_CPU_ISA). Its values are bit sets growing with the ISA: AVX512_BF16's bits are in AMX's too.
-  static const bool yes = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-    return (isa & bf16) == bf16;
-  }();
+  static const bool yes = dispatches_to(dnnl::cpu_isa::avx512_core_bf16);
   return yes;
 }
 
 bool amx() {
-  static const bool yes = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
-    return (isa & amx) == amx;
-  }();
+  static const bool yes = dispatches_to(dnnl::cpu_isa::avx512_core_amx);
   return yes;
 }
 
