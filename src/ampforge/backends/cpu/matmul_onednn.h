@@ -44,7 +44,8 @@ bool onednn_f32_gemm_active();
 bool onednn_bf16_matmul_active();
 
 // One line for `ampforge info` and the bench header: which library runs the CPU's F32 and BF16 products now, e.g.
-// "F32 on oneDNN 2.6.3 (avx512_core_bf16) SGEMM, BF16 on its AVX512_BF16 matmul" or "OpenBLAS (BF16 via F32 copies)".
+// "F32 on oneDNN 2.6.3 (avx512_core_bf16) SGEMM; BF16: F32 copies (measured: native 3.54 ms, F32 2.04 ms)" (the BF16
+// part is bf16_compute.h's summary), or "OpenBLAS (BF16 via F32 copies)".
 std::string cpu_gemm_summary();
 
 // BF16 products oneDNN has run so far (matmul and linear), and the implementation of the last one it accepted or
