@@ -1,7 +1,9 @@
 // ampforge's CPU matrix products per shape, on each path AMPFORGE_CPU_MATMUL offers: OpenBLAS ("blas": F32 as is,
-// BF16 through F32 copies) against oneDNN ("onednn": its SGEMM for F32, its BF16 matmul where the CPU has
-// AVX512_BF16/AMX). The measurements behind backends/cpu/matmul_onednn.h (docs/PERFORMANCE.md). Both paths run in
-// this process, alternating shape by shape; ratio = OpenBLAS time / oneDNN time (> 1: oneDNN is faster).
+// BF16 through F32 copies) against oneDNN ("onednn": its SGEMM for F32); and BF16 both ways bf16_compute.h chooses
+// between on oneDNN: F32 copies + its SGEMM (AMPFORGE_CPU_BF16=f32) and its BF16 matmul (=native, where the CPU has
+// AVX512_BF16/AMX). The measurements behind backends/cpu/matmul_onednn.h and bf16_compute.h (docs/PERFORMANCE.md).
+// Every path runs in this process, alternating shape by shape; F32 ratio = OpenBLAS time / oneDNN time, BF16 ratio =
+// F32-copies time / native time (> 1: the native BF16 matmul is faster).
 //
 // Shapes: BERT-base's layers at batch 4 x seq 64 (256 rows), forward and both gradients, and the masked-LM head's
 // vocabulary product (~15% of 256 rows x 30522). The products run through ops::matmul on tensors, as the engine
@@ -35,9 +37,11 @@ af::Tensor operand(int64_t rows, int64_t cols, bool transposed, af::DType dt) {
   return transposed ? af::ops::permute(t, {1, 0}) : t;
 }
 
-// Best-of-reps milliseconds of C = A @ B on the path `path`, after one untimed call.
-double time_ms(const char* path, const af::Tensor& a, const af::Tensor& b, int reps) {
+// Best-of-reps milliseconds of C = A @ B on the path `path` (AMPFORGE_CPU_MATMUL) and the BF16 way `bf16`
+// (AMPFORGE_CPU_BF16), after one untimed call.
+double time_ms(const char* path, const char* bf16, const af::Tensor& a, const af::Tensor& b, int reps) {
   ::setenv("AMPFORGE_CPU_MATMUL", path, 1);
+  ::setenv("AMPFORGE_CPU_BF16", bf16, 1);
   (void)af::ops::matmul(a, b);
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {
@@ -77,18 +81,26 @@ int main(int argc, char** argv) {
   };
   std::printf("ampforge CPU products, %d thread(s), best of %d; %s\n", af::get_num_threads(), reps,
               af::cpu::cpu_gemm_summary().c_str());
-  std::printf("%-26s %6s %6s %6s | %9s %9s %6s | %9s %9s %6s\n", "product", "M", "N", "K", "F32 blas", "onednn",
-              "ratio", "BF16 blas", "onednn", "ratio");
+  std::printf("%-26s %6s %6s %6s | %9s %9s %6s | %9s %9s %9s %6s\n", "product", "M", "N", "K", "F32 blas", "onednn",
+              "ratio", "BF16 blas", "F32 copy", "native", "ratio");
   for (const Shape3& s : shapes) {
     std::printf("%-26s %6lld %6lld %6lld |", s.what, static_cast<long long>(s.M), static_cast<long long>(s.N),
                 static_cast<long long>(s.K));
-    for (af::DType dt : {af::DType::F32, af::DType::BF16}) {
-      const af::Tensor a = operand(s.M, s.K, s.a_transposed, dt), b = operand(s.K, s.N, false, dt);
-      const double blas = time_ms("blas", a, b, reps), dnn = time_ms("onednn", a, b, reps);
+    {
+      const af::Tensor a = operand(s.M, s.K, s.a_transposed, af::DType::F32), b = operand(s.K, s.N, false, af::DType::F32);
+      const double blas = time_ms("blas", "auto", a, b, reps), dnn = time_ms("onednn", "auto", a, b, reps);
       std::printf(" %7.3f ms %6.3f ms %5.2fx |", blas, dnn, blas / dnn);
+    }
+    {
+      const af::Tensor a = operand(s.M, s.K, s.a_transposed, af::DType::BF16);
+      const af::Tensor b = operand(s.K, s.N, false, af::DType::BF16);
+      const double blas = time_ms("blas", "f32", a, b, reps), copies = time_ms("onednn", "f32", a, b, reps),
+                   native = time_ms("onednn", "native", a, b, reps);
+      std::printf(" %7.3f ms %6.3f ms %6.3f ms %5.2fx |", blas, copies, native, copies / native);
     }
     std::printf("\n");
   }
   ::unsetenv("AMPFORGE_CPU_MATMUL");
+  ::unsetenv("AMPFORGE_CPU_BF16");
   return 0;
 }
