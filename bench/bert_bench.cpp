@@ -108,7 +108,7 @@ Timing ampforge_step_times(const Args& a, af::DType precision) {
 
 std::string join(const std::vector<double>& v) {
   std::string s;
-  for (double x : v) s += (s.empty() ? "" : " ") + fmt::format("{:.2f}", x);
+  for (double x : v) s += fmt::format("{}{:.2f}", s.empty() ? "" : " ", x);
   return s;
 }
 

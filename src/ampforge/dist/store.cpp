@@ -313,7 +313,7 @@ class TcpStore::Server {
       }
       case kArrive: {  // a barrier in one request: set this rank's key, then wait for all of them
         if (f.size() < 2) return bad();
-        data_[f[1]] = "1";
+        data_[f[1]] = std::string(1, '1');  // not `= "1"`: GCC 12 warns falsely on it (-Wrestrict, its bug 105329)
         wake_waiters();
         return wait_for(c, std::vector<std::string>(f.begin() + 2, f.end()), std::stoll(f[0]), false);
       }

@@ -158,7 +158,10 @@ std::string snapshot_summary(const nlohmann::json& snap) {
   std::sort(live.begin(), live.end(), std::greater<>());
   if (!live.empty()) {
     r += "  largest live blocks:";
-    for (size_t i = 0; i < std::min<size_t>(5, live.size()); ++i) r += " " + format_bytes(live[i]);
+    for (size_t i = 0; i < std::min<size_t>(5, live.size()); ++i) {
+      r += ' ';  // not `" " + string`: GCC 12 warns falsely on it (-Wrestrict, its bug 105329)
+      r += format_bytes(live[i]);
+    }
     r += "\n";
   }
   const auto& tl = snap.at("timeline");
