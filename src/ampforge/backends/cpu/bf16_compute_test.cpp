@@ -10,6 +10,7 @@
 #include "ampforge/backends/cpu/bf16_compute.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/core/tolerance.h"
+#include "ampforge/core/tolerance_testutil.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/env_test_util.h"
 
@@ -99,10 +100,5 @@ TEST(Bf16Compute, MatmulFollowsTheChoice) {
   }
   ASSERT_EQ(as_f32.dtype(), DType::BF16);
   const ToleranceEntry t = tolerance(DType::BF16);
-  const std::vector<double> g = native.tolist<double>(), e = as_f32.tolist<double>();
-  const CloseResult r = tolerance_close(
-      static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
-      t.atol);
-  EXPECT_TRUE(r.ok) << r.mismatches << " mismatches, worst element " << r.worst << ": " << r.actual_at_worst
-                    << " against " << r.expected_at_worst;
+  EXPECT_TRUE(testutil::within_tolerance(native, as_f32, t.rtol, t.atol, "native", "F32 copies"));
 }

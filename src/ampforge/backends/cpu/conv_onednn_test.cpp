@@ -18,6 +18,7 @@
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/conv_test_util.h"
 #include "ampforge/core/tolerance.h"
+#include "ampforge/core/tolerance_testutil.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/env_test_util.h"
 #include "ampforge/util/thread_pool.h"
@@ -26,6 +27,7 @@ using namespace ampforge;
 using ampforge::testutil::conv_attrs;
 using ampforge::testutil::ConvCase;
 using ampforge::testutil::ScopedEnv;
+using ampforge::testutil::within_tolerance;
 
 namespace {
 
@@ -91,16 +93,8 @@ ConvRun run_on(const char* path, const Tensor& x, const Tensor& w, const Tensor&
 
 // `depth`: how many times longer than ~300 terms the reductions are (the table's bound grows with it).
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double depth = 1) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  ToleranceEntry t = tolerance(want.dtype());
-  t.rtol *= depth, t.atol *= depth;
-  const std::vector<double> g = got.tolist<double>(), e = want.tolist<double>();
-  const CloseResult r = tolerance_close(
-      static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
-      t.atol);
-  EXPECT_TRUE(r.ok) << what << ": " << r.mismatches << " mismatches, worst element " << r.worst << " oneDNN "
-                    << r.actual_at_worst << " im2col " << r.expected_at_worst << " (error / bound " << r.max_ratio
-                    << ")";
+  const ToleranceEntry t = tolerance(want.dtype());
+  EXPECT_TRUE(within_tolerance(got, want, t.rtol * depth, t.atol * depth, "oneDNN", "im2col")) << what;
 }
 
 // A 3x3 convolution of x must raise an Error whose message contains `message` (what a bad setting says).

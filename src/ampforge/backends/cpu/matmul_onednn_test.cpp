@@ -23,11 +23,13 @@
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/core/tolerance.h"
+#include "ampforge/core/tolerance_testutil.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/env_test_util.h"
 
 using namespace ampforge;
 using ampforge::testutil::ScopedEnv;
+using ampforge::testutil::within_tolerance;
 
 namespace {
 
@@ -47,15 +49,8 @@ Tensor mT(const Tensor& t) {
 }
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what, DType row = DType::BF16) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
   const ToleranceEntry t = tolerance(row);
-  const std::vector<double> g = got.tolist<double>(), e = want.tolist<double>();
-  const CloseResult r = tolerance_close(
-      static_cast<int64_t>(g.size()), [&](int64_t i) { return g[i]; }, [&](int64_t i) { return e[i]; }, t.rtol,
-      t.atol);
-  EXPECT_TRUE(r.ok) << what << ": " << r.mismatches << " mismatches, worst element " << r.worst << ": "
-                    << r.actual_at_worst << " against " << r.expected_at_worst << " (error / bound " << r.max_ratio
-                    << ")";
+  EXPECT_TRUE(within_tolerance(got, want, t.rtol, t.atol)) << what;
 }
 
 struct Case {
