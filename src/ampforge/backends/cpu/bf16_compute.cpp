@@ -179,7 +179,7 @@ Choice decide(Bf16Kind kind) {
   PoolIdleScope idle;
   try {
     kind == Bf16Kind::Matmul ? measure_matmul(c) : measure_conv(c);
-  } catch (const dn::error& e) {  // a CPU on which oneDNN has no such kernel: the F32 way, which always exists
+  } catch (const dn::error&) {  // a CPU on which oneDNN has no such kernel: the F32 way, which always exists
     c = Choice{};
     c.reason = "oneDNN has no BF16 kernel for it here";
   }
