@@ -47,17 +47,16 @@ using tag = dn::memory::format_tag;
 using dt = dn::memory::data_type;
 
 // Small values of both signs, no zeros or subnormals (which some kernels treat specially).
+template <class T>
+void fill_as(void* data, size_t bytes) {
+  auto* p = static_cast<T*>(data);
+  for (size_t i = 0; i < bytes / sizeof(T); ++i) p[i] = T(0.01f * static_cast<float>(static_cast<int>(i % 13) - 6) + 0.003f);
+}
+
 void fill(const dn::memory& m) {
   const dn::memory::desc d = m.get_desc();
-  const size_t bytes = d.get_size();
-  if (d.data_type() == dt::f32) {
-    auto* p = static_cast<float*>(m.get_data_handle());
-    for (size_t i = 0; i < bytes / sizeof(float); ++i) p[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6) + 0.003f;
-  } else {
-    auto* p = static_cast<BFloat16*>(m.get_data_handle());
-    for (size_t i = 0; i < bytes / sizeof(BFloat16); ++i)
-      p[i] = BFloat16(0.01f * static_cast<float>(static_cast<int>(i % 13) - 6) + 0.003f);
-  }
+  if (d.data_type() == dt::f32) fill_as<float>(m.get_data_handle(), d.get_size());
+  else fill_as<BFloat16>(m.get_data_handle(), d.get_size());
 }
 
 dn::memory make(const dn::memory::desc& d) {

@@ -576,7 +576,9 @@ bool use_onednn() { return cpu_conv_path() == CpuConvPath::OneDnn; }
 // its F32 ones with the conversions counted). The copies are tensors (the caching allocator's, counted in peak
 // memory), not per-thread scratch: they are activation-sized, and a grow-only scratch would keep the largest for the
 // process.
-bool in_f32(const Tensor& out) { return cpu_conv_in_f32_copies(out.dtype()); }
+bool sixteen_bit_in_f32(DType dtype) {
+  return dtype == DType::F16 || (dtype == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32);
+}
 
 Tensor f32_copy(const Tensor& t) {
   Tensor r = empty_like(t, DType::F32);
@@ -585,83 +587,70 @@ Tensor f32_copy(const Tensor& t) {
   return r;
 }
 
-void forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, const Conv2dAttrs& a) {
-  if (onednn_conv2d_forward(x, w, bias, y, a)) return;
+// Each direction on oneDNN when `onednn` (and it takes the problem), else on im2col.
+void forward(bool onednn, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y, const Conv2dAttrs& a) {
+  if (onednn && onednn_conv2d_forward(x, w, bias, y, a)) return;
   visit_float(y.dtype(), "conv2d", [&](auto tag) { conv_forward<decltype(tag)>(x, w, bias, y, a); });
 }
 
-void backward_input(const Tensor& gy, const Tensor& w, const Tensor& gx, const Conv2dAttrs& a) {
-  if (onednn_conv2d_backward_input(gy, w, gx, a)) return;
+void backward_input(bool onednn, const Tensor& gy, const Tensor& w, const Tensor& gx, const Conv2dAttrs& a) {
+  if (onednn && onednn_conv2d_backward_input(gy, w, gx, a)) return;
   visit_float(gx.dtype(), "conv2d_backward_input",
               [&](auto tag) { conv_backward_input<decltype(tag)>(gy, w, gx, a); });
 }
 
-void backward_weight(const Tensor& gy, const Tensor& x, const Tensor& gw, const Conv2dAttrs& a) {
-  if (onednn_conv2d_backward_weight(gy, x, gw, a)) return;
+void backward_weight(bool onednn, const Tensor& gy, const Tensor& x, const Tensor& gw, const Conv2dAttrs& a) {
+  if (onednn && onednn_conv2d_backward_weight(gy, x, gw, a)) return;
   visit_float(gw.dtype(), "conv2d_backward_weight",
               [&](auto tag) { conv_backward_weight<decltype(tag)>(gy, x, gw, a); });
+}
+
+// Runs `run(in0, in1, bias, out)` on the kernel's operands as they are, or, for a 16-bit problem the F32 way, on F32
+// copies of them (in0, in1, then the bias, then the result: the order backends/meta/cpu_scratch.cpp takes the same
+// allocations in), rounding the result into the kernel's output.
+template <class Run>
+void run_kernel(const KernelArgs& k, const Tensor* bias, Run&& run) {
+  const bool onednn = use_onednn();
+  if (!onednn || !sixteen_bit_in_f32(k.out(0).dtype())) {
+    run(onednn, k.in(0), k.in(1), bias, k.out(0));
+    return;
+  }
+  const Tensor in0 = f32_copy(k.in(0));
+  const Tensor in1 = f32_copy(k.in(1));
+  const Tensor b = bias != nullptr ? f32_copy(*bias) : Tensor();
+  const Tensor out = empty_like(k.out(0), DType::F32);
+  run(true, in0, in1, bias != nullptr ? &b : nullptr, out);
+  convert_float16_pair(k.out(0), out);
 }
 
 // inputs: x, weight[, bias]; outputs: y.
 void conv2d_kernel(const KernelArgs& k) {
   const Tensor* bias = k.inputs.size() > 2 && k.in(2).defined() ? &k.in(2) : nullptr;
   const auto& a = k.attr<Conv2dAttrs>();
-  if (!use_onednn()) {
-    visit_float(k.out(0).dtype(), "conv2d",
-                [&](auto tag) { conv_forward<decltype(tag)>(k.in(0), k.in(1), bias, k.out(0), a); });
-  } else if (in_f32(k.out(0))) {
-    // One statement per copy: the meta device takes the same allocations in this order (meta/cpu_scratch.h).
-    const Tensor x = f32_copy(k.in(0));
-    const Tensor w = f32_copy(k.in(1));
-    const Tensor b = bias != nullptr ? f32_copy(*bias) : Tensor();
-    const Tensor y = empty_like(k.out(0), DType::F32);
-    forward(x, w, bias != nullptr ? &b : nullptr, y, a);
-    convert_float16_pair(k.out(0), y);
-  } else {
-    forward(k.in(0), k.in(1), bias, k.out(0), a);
-  }
+  run_kernel(k, bias, [&](bool onednn, const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+    forward(onednn, x, w, b, y, a);
+  });
 }
 
 // inputs: grad_out, weight; outputs: grad_in.
 void conv2d_backward_input_kernel(const KernelArgs& k) {
   const auto& a = k.attr<Conv2dAttrs>();
-  if (!use_onednn()) {
-    visit_float(k.out(0).dtype(), "conv2d_backward_input",
-                [&](auto tag) { conv_backward_input<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
-  } else if (in_f32(k.out(0))) {
-    const Tensor gy = f32_copy(k.in(0));
-    const Tensor w = f32_copy(k.in(1));
-    const Tensor gx = empty_like(k.out(0), DType::F32);
-    backward_input(gy, w, gx, a);
-    convert_float16_pair(k.out(0), gx);
-  } else {
-    backward_input(k.in(0), k.in(1), k.out(0), a);
-  }
+  run_kernel(k, nullptr, [&](bool onednn, const Tensor& gy, const Tensor& w, const Tensor*, const Tensor& gx) {
+    backward_input(onednn, gy, w, gx, a);
+  });
 }
 
 // inputs: grad_out, x; outputs: grad_weight.
 void conv2d_backward_weight_kernel(const KernelArgs& k) {
   const auto& a = k.attr<Conv2dAttrs>();
-  if (!use_onednn()) {
-    visit_float(k.out(0).dtype(), "conv2d_backward_weight",
-                [&](auto tag) { conv_backward_weight<decltype(tag)>(k.in(0), k.in(1), k.out(0), a); });
-  } else if (in_f32(k.out(0))) {
-    const Tensor gy = f32_copy(k.in(0));
-    const Tensor x = f32_copy(k.in(1));
-    const Tensor gw = empty_like(k.out(0), DType::F32);
-    backward_weight(gy, x, gw, a);
-    convert_float16_pair(k.out(0), gw);
-  } else {
-    backward_weight(k.in(0), k.in(1), k.out(0), a);
-  }
+  run_kernel(k, nullptr, [&](bool onednn, const Tensor& gy, const Tensor& x, const Tensor*, const Tensor& gw) {
+    backward_weight(onednn, gy, x, gw, a);
+  });
 }
 
 }  // namespace
 
-bool cpu_conv_in_f32_copies(DType dtype) {
-  return use_onednn() && (dtype == DType::F16 ||
-                          (dtype == DType::BF16 && cpu_bf16_compute(Bf16Kind::Conv) == Bf16Compute::F32));
-}
+bool cpu_conv_in_f32_copies(DType dtype) { return use_onednn() && sixteen_bit_in_f32(dtype); }
 
 void register_conv_cpu() {
   register_kernel(OpId::conv2d, DeviceType::CPU, conv2d_kernel);

@@ -175,8 +175,8 @@ inline void act_n(A* y, A* t, int64_t n) {
 
 // The gradient before the activation, dz = g * act'(z) with z = x * scale[c] + shift[c] recomputed from the
 // saved input (the forward's y = act(z) is not kept). Per-thread scratch: loaders are called per row/chunk.
-// store (S == A) or store_a (16-bit S: an F32 buffer of x's size): also write dz there (at the same offsets), so that
-// a later pass reads it instead of recomputing it; SiLU's backward does this, its exp costs more than the extra pass
+// store (grad_input itself when S == A; for 16-bit S an F32 buffer of x's size): also write dz there, in the compute
+// type, at the same offsets, so that a later pass reads it instead of recomputing it; SiLU's backward does this, its exp costs more than the extra pass
 // of memory (BF16 YOLOv8s b2 320, profile: batch_norm_backward 30.2 -> 20.3 ms per step, F32's 17.9 and 19.4 ms in the
 // same two runs).
 template <class S, NormAct kAct>
@@ -186,14 +186,9 @@ struct ActGradLoad {
   const S* x;
   const A* scale;
   const A* shift;
-  S* store = nullptr;
-  A* store_a = nullptr;
+  A* store = nullptr;
   const A* operator()(int64_t off, int64_t n, int64_t c, A* buf) const {
-    if constexpr (std::is_same_v<S, A>) {
-      if (store != nullptr) buf = store + off;
-    } else {
-      if (store_a != nullptr) buf = store_a + off;
-    }
+    if (store != nullptr) buf = store + off;
     thread_local std::vector<A> xs, zs;
     if (static_cast<int64_t>(xs.size()) < n) {
       xs.resize(static_cast<size_t>(n));
@@ -939,14 +934,14 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
       constexpr NormAct kAct = decltype(act_c)::value;
       std::vector<double> sg(C, 0.0), sgx(C, 0.0);  // sum(g), sum(g * (x - mean))
       const bool need_sums = (at.training && gx.defined()) || gw.defined() || gb.defined();
-      // SiLU in training: the sums pass leaves dz in grad_input (16-bit storage: in an F32 buffer, the values the
-      // apply pass would recompute) and the last pass reads it from there.
-      bool dz_in_out = false;
+      // SiLU in training: the sums pass leaves dz in dz_store and the last pass reads it from there: grad_input
+      // itself, or with 16-bit storage an F32 buffer (the values the apply pass would recompute).
+      A* dz_store = nullptr;
       Tensor dz_f32;
       if constexpr (kAct == NormAct::SiLU) {
         if (need_sums && at.training && gx.defined()) {
-          if constexpr (std::is_same_v<S, A>) dz_in_out = true;
-          else dz_f32 = Tensor::empty({sh.count() * sh.C}, DType::F32);
+          if constexpr (!std::is_same_v<S, A>) dz_f32 = Tensor::empty({sh.count() * sh.C}, DType::F32);
+          dz_store = static_cast<A*>(dz_f32.defined() ? dz_f32.data_ptr() : gx.data_ptr());
         }
       }
       if (need_sums && fast) {  // fast is set for kFusedStorage<S> only
@@ -956,10 +951,7 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
         const std::vector<double> zero(C, 0.0);
         if constexpr (kAct == NormAct::SiLU) {
           auto load_store = load_g;
-          if (dz_in_out) load_store.store = static_cast<S*>(gx.data_ptr());
-          if constexpr (!std::is_same_v<S, A>) {
-            if (dz_f32.defined()) load_store.store_a = static_cast<A*>(dz_f32.data_ptr());
-          }
+          load_store.store = dz_store;
           channel_sums<S>(sh, load_store, false, xp, zero.data(), mean.data(), sg.data(), sgx.data());
         } else {
           channel_sums<S>(sh, load_g, false, xp, zero.data(), mean.data(), sg.data(), sgx.data());
@@ -1001,11 +993,8 @@ void batch_norm_backward_kernel(const KernelArgs& args) {
           return;
         }
       }
-      if (dz_in_out)  // reads dz and writes dx at the same index: in place is safe
-        channel_apply<S, true>(sh, PlainLoad<S>{out}, xp, out, al.data(), be.data(), mu.data(), ga.data());
-      else if (dz_f32.defined())
-        channel_apply<S, true>(sh, PlainLoad<A>{static_cast<const A*>(dz_f32.data_ptr())}, xp, out, al.data(),
-                               be.data(), mu.data(), ga.data());
+      if (dz_store != nullptr)  // reads dz and writes dx at the same index: in place (in grad_input) is safe
+        channel_apply<S, true>(sh, PlainLoad<A>{dz_store}, xp, out, al.data(), be.data(), mu.data(), ga.data());
       else if (residual && need_sums)  // dz is in grad_residual already
         channel_apply<S, true>(sh, PlainLoad<S>{static_cast<const S*>(gres.data_ptr())}, xp, out, al.data(), be.data(),
                                mu.data(), ga.data());
