@@ -129,3 +129,22 @@ TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) {
   for (const auto& e : fs::directory_iterator(ckpt.parent_path()))
     EXPECT_EQ(e.path().filename().string().find("sigint.safetensors.tmp"), std::string::npos) << e.path();
 }
+
+TEST(TrainCli, SecondSigintStopsAtOnce) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Steps of about a second here, so the second Ctrl-C lands while the first one's step still runs.
+    execl(kBin.c_str(), kBin.c_str(), "train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
+          "--batch", "4096", "--no-progress", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // signals do not queue: one at a time
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFSIGNALED(st)) << "exit status " << (WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  EXPECT_EQ(WTERMSIG(st), SIGINT);
+}

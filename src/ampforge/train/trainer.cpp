@@ -1,6 +1,7 @@
 #include "ampforge/train/trainer.h"
 
 #include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <optional>
 
@@ -23,6 +24,7 @@
 #include "ampforge/train/progress.h"
 #include "ampforge/train/step.h"
 #include "ampforge/util/log.h"
+#include "ampforge/util/signals.h"
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/util/timer.h"
 
@@ -33,14 +35,15 @@ std::atomic<bool>& stop_requested() {
   return flag;
 }
 
-namespace {
-void train_on_sigint(int) {
-  stop_requested().store(true);  // lock-free atomic: async-signal-safe
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+void install_sigint_handler() {
+  // On a watcher thread, not in a handler: a handler on a thread inside oneDNN's JIT GEMM corrupts the heap
+  // (util/signals.h).
+  watch_signal(SIGINT, [](int count) {
+    if (count > 1) die_by_signal(SIGINT);  // a second Ctrl-C stops at once
+    stop_requested().store(true);
+    std::fputs("\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n", stderr);
+  });
 }
-}  // namespace
-
-void install_sigint_handler() { std::signal(SIGINT, train_on_sigint); }
 
 namespace {
 // Defers SIGTERM while a checkpoint is written: a launcher stopping a job (mpirun, `ampforge launch`, Slurm)

@@ -142,9 +142,11 @@ class Trainer {
 // "A:B" -> [A, B); "A:" -> [A, end) with B = -1. Throws InvalidArgument naming --profile-steps.
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
 
-// Process-wide stop request (SIGINT handler sets it; the trainer finishes the current step).
+// Process-wide stop request (the first SIGINT sets it; the trainer finishes the current step).
 std::atomic<bool>& stop_requested();
-// Installs a SIGINT handler that sets stop_requested() once; a second SIGINT kills as usual.
+// Takes SIGINT on a watcher thread from now on (util/signals.h: blocked in this thread and the threads it starts):
+// the first sets stop_requested() and says so on stderr, a second kills the process as SIGINT does by default.
+// Call before training starts its threads.
 void install_sigint_handler();
 
 }  // namespace ampforge::train

@@ -11,6 +11,8 @@
 // Both partition a job the same way (parts of n * p / parts), so results do not depend on the form.
 #include "ampforge/util/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -91,6 +93,15 @@ class ThreadPool {
     if (error) std::rethrow_exception(error);
   }
 
+  // One region as large as any team ours or oneDNN's has asked for: libgomp reuses its threads from region to
+  // region, so every member of this region is every worker there is.
+  void block_signals(const sigset_t& signals) {
+    std::lock_guard<std::mutex> job_lock(job_mutex_);
+    const int team = std::max({size(), omp_get_max_threads(), 1});
+#pragma omp parallel num_threads(team)
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  }
+
  private:
   std::atomic<int> num_threads_;
   std::mutex job_mutex_;  // one job at a time
@@ -150,7 +161,19 @@ class ThreadPool {
     // The generation a worker starts from is read here, not in the worker: a worker that first runs
     // after a later bump (a job, or stop()) must see that bump as new, or it would sleep through it.
     const uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
+    // Workers start with every asynchronous signal blocked (they inherit this thread's mask): a handler that runs
+    // on a thread inside a JIT kernel can corrupt memory (util/signals.h).
+    sigset_t async, old;
+    sigfillset(&async);
+    for (int sync : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS}) sigdelset(&async, sync);
+    pthread_sigmask(SIG_BLOCK, &async, &old);
+    try {
+      for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
+    } catch (...) {
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      throw;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
 
   void stop() {
@@ -257,6 +280,12 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 }
 
 bool in_parallel_region() { return t_in_parallel; }
+
+void block_signals_in_workers([[maybe_unused]] const sigset_t& signals) {
+#if defined(AMPFORGE_POOL_OPENMP)
+  pool().block_signals(signals);
+#endif
+}
 
 PoolIdleScope::PoolIdleScope() { g_idle_scopes.fetch_add(1, std::memory_order_relaxed); }
 PoolIdleScope::~PoolIdleScope() { g_idle_scopes.fetch_sub(1, std::memory_order_relaxed); }

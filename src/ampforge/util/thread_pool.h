@@ -8,6 +8,7 @@
 // Exceptions thrown by fn are rethrown on the calling thread (the first one wins).
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 
@@ -22,6 +23,12 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 
 // True when the caller is a pool worker (or inside a parallel region).
 bool in_parallel_region();
+
+// Blocks `signals` in every worker thread that exists now (on the OpenMP team: one region in which each member
+// calls pthread_sigmask), for util/signals.h: no thread that runs kernels may run a signal handler. Workers started
+// later inherit the mask of the thread that starts them. Our own workers (builds without the OpenMP pool) block
+// every asynchronous signal from the start, so there it has nothing to do. Call it outside parallel regions.
+void block_signals_in_workers(const sigset_t& signals);
 
 // While one is alive (on any thread), idle pool workers sleep at once instead of spinning for the next
 // parallel_for first. For code that runs on threads of its own (oneDNN's OpenMP team): a worker spinning

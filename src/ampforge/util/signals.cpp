@@ -1,0 +1,100 @@
+#include "ampforge/util/signals.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <csignal>
+#include <mutex>
+#include <thread>
+
+#include "ampforge/util/error.h"
+#include "ampforge/util/thread_pool.h"
+
+namespace ampforge {
+namespace {
+
+bool synchronous(int signo) {
+  return signo == SIGSEGV || signo == SIGBUS || signo == SIGFPE || signo == SIGILL || signo == SIGTRAP ||
+         signo == SIGABRT || signo == SIGSYS;
+}
+
+struct Watch {
+  std::function<void(int)> on_signal;
+  int count = 0;
+};
+
+constexpr int kSignals = 65;  // Linux: 1..64
+std::mutex g_mutex;           // the callbacks and counts; held while a callback runs (one at a time)
+std::array<Watch, kSignals> g_watch;
+std::array<pthread_t, kSignals> g_watcher{};
+std::array<std::atomic<bool>, kSignals> g_started{};  // g_watcher[s] is valid (release / acquire)
+
+// On a thread that accepts the signal (started by a library before watch_signal): pass it to the watcher, which
+// blocks it and so takes it in sigwait. pthread_kill is async-signal-safe.
+void forward(int signo) {
+  if (signo > 0 && signo < kSignals && g_started[signo].load(std::memory_order_acquire))
+    pthread_kill(g_watcher[signo], signo);
+}
+
+void watcher_loop(int signo) {
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, signo);
+  for (;;) {
+    int got = 0;
+    if (sigwait(&one, &got) != 0 || got != signo) continue;
+    std::lock_guard<std::mutex> lk(g_mutex);
+    Watch& w = g_watch[signo];
+    ++w.count;
+    if (w.on_signal) w.on_signal(w.count);
+  }
+}
+
+}  // namespace
+
+void watch_signal(int signo, std::function<void(int count)> on_signal) {
+  AF_CHECK(signo > 0 && signo < kSignals && signo != SIGKILL && signo != SIGSTOP && !synchronous(signo),
+           "watch_signal: {} is not an asynchronous signal a process can catch", signo);
+  std::lock_guard<std::mutex> lk(g_mutex);
+  g_watch[signo].on_signal = std::move(on_signal);
+  if (g_started[signo].load(std::memory_order_acquire)) return;
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, signo);
+  pthread_sigmask(SIG_BLOCK, &one, nullptr);
+  block_signals_in_workers(one);
+  // The watcher blocks every signal (it inherits this mask): only sigwait takes its own, and no other lands there.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  std::thread watcher;
+  try {
+    watcher = std::thread(watcher_loop, signo);
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  g_watcher[signo] = watcher.native_handle();
+  watcher.detach();  // lives as long as the process; exit ends it
+  g_started[signo].store(true, std::memory_order_release);
+  struct sigaction sa{};
+  sa.sa_handler = forward;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(signo, &sa, nullptr);
+}
+
+void die_by_signal(int signo) {
+  std::signal(signo, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, signo);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  std::raise(signo);
+  _exit(128 + signo);
+}
+
+}  // namespace ampforge

@@ -1,0 +1,32 @@
+// Asynchronous signals (SIGINT, SIGTERM, ...) handled on a thread of their own instead of in a handler.
+//
+// Why: a handler runs on whichever thread the kernel picks, and the kernel writes the signal frame (about 3 KiB with
+// the AVX-512 state) just below that thread's stack pointer. oneDNN's JIT GEMM kernels (the F32 products and the
+// GEMM-based convolutions of Debian's libdnnl 2.6, and of every release up to 3.11) point the stack pointer at a
+// heap workspace while they run, so a signal caught there writes its frame into the heap: oneDNN issue #4845, fixed
+// upstream by pull request #4855 (2026). In ampforge this was Ctrl-C during `ampforge train`: about one run in 30
+// under load aborted with "corrupted size vs. prev_size" or "malloc(): unaligned tcache chunk detected", and a
+// process receiving a signal every 200 us died within about a second (util/signals_test.cpp does that). With the signal blocked in every thread that runs kernels and taken
+// by sigwait() on a watcher thread, no frame is ever written on a compute thread's stack, and the callback may do
+// what a handler may not (print, lock, allocate).
+#pragma once
+
+#include <functional>
+
+namespace ampforge {
+
+// Calls `on_signal(count)` on a watcher thread each time `signo` arrives (count = 1, 2, ... over the process's
+// life). From this call on, `signo` is blocked in the calling thread and so in every thread it starts later (masks
+// are inherited), and in the pool's workers that exist now (util/thread_pool.h). Threads other libraries started
+// before this call may still accept it: a tiny handler there forwards it to the watcher. Call from the main thread
+// before training starts threads. Calling again for the same signal replaces the callback; callbacks run one at a
+// time. Not for synchronous signals (SIGSEGV, SIGFPE, SIGBUS, SIGILL, SIGTRAP, SIGABRT, SIGSYS): throws
+// InvalidArgument for those and for numbers that are not signals.
+void watch_signal(int signo, std::function<void(int count)> on_signal);
+
+// The signal's default action, now: restores SIG_DFL, unblocks it on the calling thread and raises it there (for a
+// callback's "a second Ctrl-C stops at once"; the process then ends as if never caught, e.g. exit status 130 in a
+// shell for SIGINT). Falls back to _exit(128 + signo) for a signal whose default action is not to terminate.
+[[noreturn]] void die_by_signal(int signo);
+
+}  // namespace ampforge
