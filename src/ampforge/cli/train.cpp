@@ -166,7 +166,7 @@ Command add_train_command(CLI::App& app) {
             cfg.precision = dtype_from_string(flags->precision);
             cfg.channels_last = !flags->no_channels_last;
             cfg.progress = !flags->no_progress;
-            train::install_sigint_handler();
+            train::install_stop_signals();
             train::TrainResult r = train::train(cfg);
             // One report per job: rank 0's (every rank has the same numbers).
             if (r.rank != 0) return r.interrupted ? 130 : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;

@@ -107,8 +107,9 @@ TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
   EXPECT_EQ(j["epochs"], 1);
 }
 
-TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) {
-  const fs::path ckpt = tmp("sigint.safetensors");
+// SIGINT is Ctrl-C; SIGUSR1 is what mpirun forwards and Slurm sends (train/trainer.h: install_stop_signals).
+void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
+  const fs::path ckpt = tmp(stem + ".safetensors");
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -118,7 +119,7 @@ TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) {
     _exit(127);
   }
   std::this_thread::sleep_for(std::chrono::seconds(4));
-  kill(pid, SIGINT);
+  kill(pid, sig);
   int st = 0;
   waitpid(pid, &st, 0);
   ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal instead of exiting";
@@ -127,8 +128,12 @@ TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) {
   auto f = ampforge::load_safetensors(ckpt.string());
   EXPECT_TRUE(f.contains("model.0.weight"));
   for (const auto& e : fs::directory_iterator(ckpt.parent_path()))
-    EXPECT_EQ(e.path().filename().string().find("sigint.safetensors.tmp"), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().filename().string().find(stem + ".safetensors.tmp"), std::string::npos) << e.path();
 }
+
+TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGINT, "sigint"); }
+
+TEST(TrainCli, Sigusr1WritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGUSR1, "sigusr1"); }
 
 TEST(TrainCli, SecondSigintStopsAtOnce) {
   const pid_t pid = fork();

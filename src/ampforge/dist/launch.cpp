@@ -143,8 +143,10 @@ class JobSignals {
   struct sigaction old_chld_{}, old_int_{}, old_term_{};
 };
 
-// Waits for every process; on the first failure stops the others. Returns the launcher's exit code.
-int supervise(std::vector<Proc>& procs, double grace_s, bool verbose) {
+// Waits for every process; on the first failure stops the others. Returns the launcher's exit code. The first
+// Ctrl-C sends `gentle` instead: the ranks stop after their current step and rank 0 writes the checkpoint, so no
+// SIGKILL follows; another signal is forwarded as it is, and SIGKILL follows it after grace_s.
+int supervise(std::vector<Proc>& procs, double grace_s, bool verbose, int gentle) {
   auto signal_all = [&](int sig) {
     for (const Proc& p : procs)
       if (p.running) ::kill(-p.pid, sig);
@@ -175,9 +177,12 @@ int supervise(std::vector<Proc>& procs, double grace_s, bool verbose) {
       kill_at = now_s() + grace_s;
     }
     if (const int sig = g_signal.exchange(0); sig != 0) {
+      const bool first_ctrl_c = sig == SIGINT && forwarded == 0;
+      if (first_ctrl_c && verbose)
+        std::fprintf(stderr, "ampforge launch: stopping the job after the current step (Ctrl-C again to stop at once)\n");
       forwarded = sig;
-      signal_all(sig);
-      if (kill_at < 0) kill_at = now_s() + grace_s;
+      signal_all(first_ctrl_c ? gentle : sig);
+      if (!first_ctrl_c && kill_at < 0) kill_at = now_s() + grace_s;
     }
     if (kill_at >= 0 && now_s() >= kill_at && alive > 0) {
       signal_all(SIGKILL);
@@ -237,7 +242,8 @@ int launch(const LaunchOptions& o) {
       std::fprintf(stderr, "ampforge launch: %s\n", line.c_str());
     }
     procs.push_back({"mpirun", start(argv, env), true});
-    return supervise(procs, o.grace_s, o.verbose);
+    // mpirun aborts the job on SIGINT and forwards SIGUSR1 to every rank.
+    return supervise(procs, o.grace_s, o.verbose, SIGUSR1);
   }
   const int port = o.master_port > 0 ? o.master_port : free_port();
   if (o.verbose)
@@ -260,7 +266,7 @@ int launch(const LaunchOptions& o) {
       throw;
     }
   }
-  return supervise(procs, o.grace_s, o.verbose);
+  return supervise(procs, o.grace_s, o.verbose, SIGINT);
 }
 
 }  // namespace ampforge::dist

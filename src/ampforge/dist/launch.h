@@ -9,7 +9,12 @@
 //    machines without MPI, and for any program that reads that environment.
 //    When a process exits with a non-zero code or a signal, the launcher names it, sends SIGTERM to the
 //    others' process groups, SIGKILL after `grace_s`, and exits with the failed process's code (128 + the
-//    signal for a signal). SIGINT / SIGTERM sent to the launcher are forwarded to every process.
+//    signal for a signal).
+// Signals: the first Ctrl-C (SIGINT) asks every process to stop after its current step (`ampforge train` then
+// writes its checkpoint and exits 130): spawned processes get SIGINT, mpirun gets SIGUSR1, which it forwards to
+// the ranks (on SIGINT it would abort the job at once). Nothing is killed then. A second Ctrl-C, or SIGTERM, is
+// forwarded as it is (mpirun aborts the job) and SIGKILL follows after `grace_s`. The launcher exits 128 + the
+// signal it was sent (130 for Ctrl-C) unless a process failed first.
 #pragma once
 
 #include <string>

@@ -291,6 +291,30 @@ TEST(DistTrain, KilledRankStopsTheJobAndLeavesNoPartialCheckpoint) {
   fs::remove_all(j.dir);
 }
 
+TEST(DistTrain, CtrlCOnTheLauncherStopsEveryRankAfterItsStepAndRankZeroSaves) {
+  AF_REQUIRE_MPI();
+  // `ampforge launch` under mpirun turns the first Ctrl-C into SIGUSR1, which mpirun forwards (on SIGINT it would
+  // abort the job, and the checkpoint of the epoch in progress would be lost).
+  const Job j = job("cnn");
+  const fs::path ck = j.dir / "ck.safetensors";
+  const std::string launch = ampforge_bin() + " launch -n 2 -- " + ampforge_bin() +
+                             " train --model cnn --dataset synthetic --synthetic-size 100000 --batch 8 --epochs 5 "
+                             "--threads 1 --workers 0 --no-progress --save " + ck.string();
+  // The shell starts a background job with SIGINT ignored; the launcher catches it anyway, as a terminal's Ctrl-C.
+  const dist::testing::Run r = run_shell(launch + " & p=$!; sleep 5; kill -INT $p; wait $p", 60);
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("stopping the job after the current step"));
+  EXPECT_THAT(r.out, HasSubstr("stopped: interrupted"));
+  EXPECT_LT(r.seconds, 30);
+  ASSERT_TRUE(fs::exists(ck)) << r.out;
+  const SafetensorsFile f = load_safetensors(ck.string());
+  ASSERT_TRUE(f.metadata.count("position")) << r.out;
+  EXPECT_THAT(f.metadata.at("position"), HasSubstr("\"epoch\":0"));  // mid-epoch: the interrupt's save
+  for (const auto& e : fs::directory_iterator(j.dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  fs::remove_all(j.dir);
+}
+
 TEST(DistTrain, LauncherEnvironmentErrorsAreClear) {
   const std::string train = ampforge_bin() + " train --model cnn --dataset synthetic --synthetic-size 32 --max-steps 1";
   dist::testing::Run r = run_shell("RANK=0 WORLD_SIZE=abc MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 " + train);

@@ -14,6 +14,7 @@
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/dist/environment.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/memory/stats.h"
 #include "ampforge/profiler/chrome_trace.h"
@@ -35,13 +36,22 @@ std::atomic<bool>& stop_requested() {
   return flag;
 }
 
-void install_sigint_handler() {
-  // On a watcher thread, not in a handler: a handler on a thread inside oneDNN's JIT GEMM corrupts the heap
-  // (util/signals.h).
-  watch_signal(SIGINT, [](int count) {
+void install_stop_signals() {
+  // On watcher threads, not in handlers: a handler on a thread inside oneDNN's JIT GEMM corrupts the heap
+  // (util/signals.h). Launchers pass signals to every rank: one of them says so.
+  bool say = true;
+  try {
+    say = dist::detect_world().rank == 0;
+  } catch (const Error&) {  // a malformed environment: train() reports it
+  }
+  watch_signal(SIGINT, [say](int count) {
     if (count > 1) die_by_signal(SIGINT);  // a second Ctrl-C stops at once
     stop_requested().store(true);
-    std::fputs("\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n", stderr);
+    if (say) std::fputs("\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n", stderr);
+  });
+  watch_signal(SIGUSR1, [say](int count) {
+    stop_requested().store(true);
+    if (say && count == 1) std::fputs("\nSIGUSR1: stopping after this step\n", stderr);
   });
 }
 

@@ -142,11 +142,14 @@ class Trainer {
 // "A:B" -> [A, B); "A:" -> [A, end) with B = -1. Throws InvalidArgument naming --profile-steps.
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
 
-// Process-wide stop request (the first SIGINT sets it; the trainer finishes the current step).
+// Process-wide stop request (a stop signal sets it; the trainer finishes the current step, writes the checkpoint
+// and returns with TrainResult::interrupted).
 std::atomic<bool>& stop_requested();
-// Takes SIGINT on a watcher thread from now on (util/signals.h: blocked in this thread and the threads it starts):
-// the first sets stop_requested() and says so on stderr, a second kills the process as SIGINT does by default.
-// Call before training starts its threads.
-void install_sigint_handler();
+// Takes the stop signals on watcher threads from now on (util/signals.h: blocked in this thread and the threads it
+// starts): SIGINT (Ctrl-C) and SIGUSR1 set stop_requested() and say so on stderr (rank 0 of a data-parallel job);
+// a second SIGINT kills the process as SIGINT does by default. SIGUSR1 is for launchers: mpirun forwards it to every
+// rank (it aborts the job on SIGINT), and `ampforge launch` sends it on the first Ctrl-C; Slurm sends it with
+// `scancel --signal=USR1` or `sbatch --signal=USR1@SECONDS`. Call before training starts its threads.
+void install_stop_signals();
 
 }  // namespace ampforge::train
