@@ -1,4 +1,5 @@
 // `ampforge train`: trains a model on a real data set (default: the small CNN on Fashion-MNIST).
+#include <csignal>
 #include <cstdio>
 #include <optional>
 
@@ -169,7 +170,9 @@ Command add_train_command(CLI::App& app) {
             train::install_stop_signals();
             train::TrainResult r = train::train(cfg);
             // One report per job: rank 0's (every rank has the same numbers).
-            if (r.rank != 0) return r.interrupted ? 130 : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
+            // Stopped by a signal: 128 + its number, as a shell reports a process the signal ended (130 for Ctrl-C).
+            const int interrupted_code = 128 + (train::stop_signal() != 0 ? train::stop_signal() : SIGINT);
+            if (r.rank != 0) return r.interrupted ? interrupted_code : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
             // The task's own detail of the final evaluation (detection: the per-class table).
             if (!r.eval_details.text.empty()) std::fprintf(stderr, "\n%s", r.eval_details.text.c_str());
             std::string metrics;
@@ -255,7 +258,7 @@ Command add_train_command(CLI::App& app) {
               if (prof) j["profile"] = profiler::report_to_json(*prof, 50);
               std::printf("%s\n", j.dump().c_str());
             }
-            if (r.interrupted) return 130;
+            if (r.interrupted) return interrupted_code;
             if (r.stopped_reason.rfind("non-finite", 0) == 0) return 1;
             return 0;
           }};

@@ -107,7 +107,8 @@ TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
   EXPECT_EQ(j["epochs"], 1);
 }
 
-// SIGINT is Ctrl-C; SIGUSR1 is what mpirun forwards and Slurm sends (train/trainer.h: install_stop_signals).
+// SIGINT is Ctrl-C; SIGTERM what docker, Kubernetes, systemd and Slurm send before SIGKILL; SIGUSR1 what mpirun
+// forwards (train/trainer.h: install_stop_signals). The exit code is 128 + the signal, as a shell reports it.
 void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
   const fs::path ckpt = tmp(stem + ".safetensors");
   const pid_t pid = fork();
@@ -123,7 +124,7 @@ void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
   int st = 0;
   waitpid(pid, &st, 0);
   ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal instead of exiting";
-  EXPECT_EQ(WEXITSTATUS(st), 130);
+  EXPECT_EQ(WEXITSTATUS(st), 128 + sig);
   ASSERT_TRUE(fs::exists(ckpt));
   auto f = ampforge::load_safetensors(ckpt.string());
   EXPECT_TRUE(f.contains("model.0.weight"));
@@ -132,6 +133,8 @@ void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
 }
 
 TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGINT, "sigint"); }
+
+TEST(TrainCli, SigtermWritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGTERM, "sigterm"); }
 
 TEST(TrainCli, Sigusr1WritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGUSR1, "sigusr1"); }
 

@@ -3,6 +3,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cmath>
+#include <mutex>
+#include <utility>
 #include <optional>
 
 #include <fmt/format.h>
@@ -36,6 +38,72 @@ std::atomic<bool>& stop_requested() {
   return flag;
 }
 
+namespace {
+// The stop signals' state (install_stop_signals). A checkpoint being written holds off "stop at once": a second
+// Ctrl-C or SIGTERM during a save takes effect when the file is complete.
+std::mutex g_stop_mutex;
+int g_stop_signal = 0;     // the first stop signal, 0 before one
+int g_saves = 0;           // checkpoints being written
+int g_die_after_save = 0;  // a signal whose default action waits for the save to end
+
+void die_unless_saving(int sig) {
+  {
+    std::lock_guard<std::mutex> lk(g_stop_mutex);
+    if (g_saves > 0) {
+      g_die_after_save = sig;
+      return;
+    }
+  }
+  die_by_signal(sig);
+}
+
+// Without install_stop_signals (a library caller), SIGTERM keeps its default action; a save defers it by a
+// handler of its own: a launcher stopping a job (mpirun, `ampforge launch`, Slurm) sends SIGTERM before SIGKILL,
+// and the file must be complete when the process dies.
+std::atomic<bool> g_sigterm_pending{false};
+void defer_sigterm(int) { g_sigterm_pending.store(true); }
+
+class SaveScope {
+ public:
+  SaveScope() {
+    {
+      std::lock_guard<std::mutex> lk(g_stop_mutex);
+      ++g_saves;
+    }
+    if (!watching_signal(SIGTERM)) {
+      struct sigaction sa{};
+      sa.sa_handler = defer_sigterm;
+      sigemptyset(&sa.sa_mask);
+      sigaction(SIGTERM, &sa, &old_);
+      deferring_ = true;
+    }
+  }
+  ~SaveScope() {
+    if (deferring_) {
+      sigaction(SIGTERM, &old_, nullptr);
+      if (g_sigterm_pending.exchange(false)) std::raise(SIGTERM);
+    }
+    int die = 0;
+    {
+      std::lock_guard<std::mutex> lk(g_stop_mutex);
+      if (--g_saves == 0) die = std::exchange(g_die_after_save, 0);
+    }
+    if (die != 0) die_by_signal(die);
+  }
+  SaveScope(const SaveScope&) = delete;
+  SaveScope& operator=(const SaveScope&) = delete;
+
+ private:
+  bool deferring_ = false;
+  struct sigaction old_{};
+};
+}  // namespace
+
+int stop_signal() {
+  std::lock_guard<std::mutex> lk(g_stop_mutex);
+  return g_stop_signal;
+}
+
 void install_stop_signals() {
   // On watcher threads, not in handlers: a handler on a thread inside oneDNN's JIT GEMM corrupts the heap
   // (util/signals.h). Launchers pass signals to every rank: one of them says so.
@@ -44,42 +112,27 @@ void install_stop_signals() {
     say = dist::detect_world().rank == 0;
   } catch (const Error&) {  // a malformed environment: train() reports it
   }
-  watch_signal(SIGINT, [say](int count) {
-    if (count > 1) die_by_signal(SIGINT);  // a second Ctrl-C stops at once
+  auto request = [say](int sig, const char* message) {
+    {
+      std::lock_guard<std::mutex> lk(g_stop_mutex);
+      if (g_stop_signal == 0) g_stop_signal = sig;
+    }
     stop_requested().store(true);
-    if (say) std::fputs("\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n", stderr);
+    if (say) std::fputs(message, stderr);
+  };
+  watch_signal(SIGINT, [request](int count) {
+    if (count > 1) return die_unless_saving(SIGINT);  // a second Ctrl-C stops at once
+    request(SIGINT, "\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n");
   });
-  watch_signal(SIGUSR1, [say](int count) {
+  watch_signal(SIGTERM, [request](int count) {
+    if (count > 1) return die_unless_saving(SIGTERM);
+    request(SIGTERM, "\nSIGTERM: stopping after this step (SIGTERM again to stop at once)\n");
+  });
+  watch_signal(SIGUSR1, [request](int count) {
+    if (count == 1) request(SIGUSR1, "\nSIGUSR1: stopping after this step\n");
     stop_requested().store(true);
-    if (say && count == 1) std::fputs("\nSIGUSR1: stopping after this step\n", stderr);
   });
 }
-
-namespace {
-// Defers SIGTERM while a checkpoint is written: a launcher stopping a job (mpirun, `ampforge launch`, Slurm)
-// sends SIGTERM before SIGKILL, and the file must be complete when the process dies. The handler is
-// process-wide, so it holds whichever thread the signal lands on.
-std::atomic<bool> g_sigterm_pending{false};
-void defer_sigterm(int) { g_sigterm_pending.store(true); }
-class SigtermDeferred {
- public:
-  SigtermDeferred() {
-    struct sigaction sa{};
-    sa.sa_handler = defer_sigterm;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, &old_);
-  }
-  ~SigtermDeferred() {
-    sigaction(SIGTERM, &old_, nullptr);
-    if (g_sigterm_pending.exchange(false)) std::raise(SIGTERM);
-  }
-  SigtermDeferred(const SigtermDeferred&) = delete;
-  SigtermDeferred& operator=(const SigtermDeferred&) = delete;
-
- private:
-  struct sigaction old_{};
-};
-}  // namespace
 
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s) {
   const size_t colon = s.find(':');
@@ -296,7 +349,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       info.ema = ema->full_state_dict(model);
       info.ema_updates = ema->updates();
     }
-    SigtermDeferred whole_file;
+    SaveScope whole_file;
     save_checkpoint(o_.save, model, opt, opt_state, info);
   };
 

@@ -146,10 +146,14 @@ std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
 // and returns with TrainResult::interrupted).
 std::atomic<bool>& stop_requested();
 // Takes the stop signals on watcher threads from now on (util/signals.h: blocked in this thread and the threads it
-// starts): SIGINT (Ctrl-C) and SIGUSR1 set stop_requested() and say so on stderr (rank 0 of a data-parallel job);
-// a second SIGINT kills the process as SIGINT does by default. SIGUSR1 is for launchers: mpirun forwards it to every
-// rank (it aborts the job on SIGINT), and `ampforge launch` sends it on the first Ctrl-C; Slurm sends it with
-// `scancel --signal=USR1` or `sbatch --signal=USR1@SECONDS`. Call before training starts its threads.
+// starts): SIGINT (Ctrl-C), SIGTERM and SIGUSR1 set stop_requested() and say so on stderr (rank 0 of a data-parallel
+// job). A second SIGINT or SIGTERM kills the process as the signal does by default, once a checkpoint being written
+// is complete. SIGTERM is what docker, Kubernetes, systemd and Slurm send before SIGKILL; SIGUSR1 is for launchers:
+// mpirun forwards it to every rank (it aborts the job on SIGINT), `ampforge launch` sends it on the first Ctrl-C,
+// Slurm sends it with `scancel --signal=USR1` or `sbatch --signal=USR1@SECONDS`. Call before training starts its
+// threads. Without it, a checkpoint being written still defers SIGTERM until the file is complete.
 void install_stop_signals();
+// The first stop signal taken (SIGINT, SIGTERM or SIGUSR1), 0 before one: `ampforge train` exits 128 + it.
+int stop_signal();
 
 }  // namespace ampforge::train

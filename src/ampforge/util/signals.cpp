@@ -87,6 +87,10 @@ void watch_signal(int signo, std::function<void(int count)> on_signal) {
   sigaction(signo, &sa, nullptr);
 }
 
+bool watching_signal(int signo) {
+  return signo > 0 && signo < kSignals && g_started[signo].load(std::memory_order_acquire);
+}
+
 void die_by_signal(int signo) {
   std::signal(signo, SIG_DFL);
   sigset_t one;

@@ -24,6 +24,9 @@ namespace ampforge {
 // InvalidArgument for those and for numbers that are not signals.
 void watch_signal(int signo, std::function<void(int count)> on_signal);
 
+// True once watch_signal(signo, ...) has been called in this process.
+bool watching_signal(int signo);
+
 // The signal's default action, now: restores SIG_DFL, unblocks it on the calling thread and raises it there (for a
 // callback's "a second Ctrl-C stops at once"; the process then ends as if never caught, e.g. exit status 130 in a
 // shell for SIGINT). Falls back to _exit(128 + signo) for a signal whose default action is not to terminate.
