@@ -13,6 +13,7 @@
 #include "ampforge/amp/autocast.h"
 #include "ampforge/amp/grad_scaler.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/backends/cpu/bf16_compute.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/generator.h"
@@ -366,6 +367,15 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                                                 o_.data_parallel.overlap ? " started from backward" : ""),
                                   lo.batch_size * world * k).c_str()
                     : "");
+  // BF16 on a CPU whose BF16 kernels are not faster than F32 (bf16_compute.h): say what the user gets.
+  if (o_.verbose && !on_cuda && o_.precision == DType::BF16 && rank == 0 &&
+      cpu::cpu_bf16_compute(cpu::Bf16Kind::Matmul) == cpu::Bf16Compute::F32 &&
+      cpu::cpu_bf16_compute(cpu::Bf16Kind::Conv) == cpu::Bf16Compute::F32)
+    std::fprintf(stderr,
+                 "note: bf16 products and convolutions run in F32 on copies on this CPU (products: %s; convolutions: "
+                 "%s): bf16 halves activation memory and traffic, but its products are not faster than fp32's "
+                 "(AMPFORGE_CPU_BF16=native runs the BF16 kernels anyway)\n",
+                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Matmul).c_str(), cpu::cpu_bf16_summary(cpu::Bf16Kind::Conv).c_str());
 
   StepOptions step_opts;
   step_opts.precision = o_.precision;
