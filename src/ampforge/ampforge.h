@@ -28,4 +28,5 @@
 #include "ampforge/tasks/task.h"
 #include "ampforge/train/recipe.h"
 #include "ampforge/train/trainer.h"
+#include "ampforge/util/signals.h"
 #include "ampforge/util/thread_pool.h"
