@@ -79,8 +79,10 @@ TEST(WatchSignal, BlocksTheSignalInTheCallerItsNewThreadsAndThePoolsWorkers) {
   const int saved = get_num_threads();
   set_num_threads(4);
   parallel_for(4, 1, [](int64_t, int64_t) {});  // the pool's workers exist before the watch
+  set_num_threads(2);                           // and a smaller pool keeps them (libgomp does)
   ASSERT_FALSE(blocked_here(SIGUSR2));
   watch_signal(SIGUSR2, [](int) {});
+  set_num_threads(4);
   EXPECT_TRUE(blocked_here(SIGUSR2));
   bool in_new_thread = false;
   std::thread([&] { in_new_thread = blocked_here(SIGUSR2); }).join();

@@ -93,11 +93,12 @@ class ThreadPool {
     if (error) std::rethrow_exception(error);
   }
 
-  // One region as large as any team ours or oneDNN's has asked for: libgomp reuses its threads from region to
-  // region, so every member of this region is every worker there is.
+  // One region of the pool's size: libgomp keeps its threads from region to region and hands a team the first of
+  // them, and a team smaller than the threads it has ends the surplus ones, so after this region every worker
+  // there is blocks the signals, and workers started later inherit the mask of this (blocked) thread.
   void block_signals(const sigset_t& signals) {
     std::lock_guard<std::mutex> job_lock(job_mutex_);
-    const int team = std::max({size(), omp_get_max_threads(), 1});
+    const int team = std::max(size(), omp_get_max_threads());
 #pragma omp parallel num_threads(team)
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   }
