@@ -20,8 +20,8 @@ namespace ampforge {
 // are inherited), and in the pool's workers that exist now (util/thread_pool.h). Threads other libraries started
 // before this call may still accept it: a tiny handler there forwards it to the watcher. Call from the main thread
 // before training starts threads. Calling again for the same signal replaces the callback; callbacks run one at a
-// time. Not for synchronous signals (SIGSEGV, SIGFPE, SIGBUS, SIGILL, SIGTRAP, SIGABRT, SIGSYS): throws
-// InvalidArgument for those and for numbers that are not signals.
+// time (under one lock: a callback must not call watch_signal). Not for synchronous signals (SIGSEGV, SIGFPE,
+// SIGBUS, SIGILL, SIGTRAP, SIGABRT, SIGSYS): throws InvalidArgument for those and for numbers that are not signals.
 void watch_signal(int signo, std::function<void(int count)> on_signal);
 
 // True once watch_signal(signo, ...) has been called in this process.
