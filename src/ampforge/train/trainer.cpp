@@ -1,11 +1,11 @@
 #include "ampforge/train/trainer.h"
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cmath>
 #include <mutex>
-#include <utility>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
