@@ -4,10 +4,12 @@
 // docs/BENCH.md.
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -35,6 +37,7 @@
 #include "ampforge/train/fit_probe.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/signals.h"
 #include "ampforge/util/file.h"
 #include "ampforge/util/timer.h"
 
@@ -283,6 +286,8 @@ BenchMaxBatch plan_max_batch(const std::string& model, const std::string& precis
   return out;
 }
 
+std::atomic<bool> g_bench_interrupted{false};  // the first Ctrl-C during `ampforge bench`
+
 int run_bench(const BenchFlags& f) {
   AF_CHECK(!(f.channels_last && f.nchw), "--channels-last and --nchw exclude each other");
   AF_CHECK(f.threads >= 0, "--threads must be >= 0");
@@ -381,8 +386,18 @@ int run_bench(const BenchFlags& f) {
   std::string profile_text;  // --profile: each cell's report, printed after the table
 
   const int total_cells = static_cast<int>(model_names.size() * precisions.size());
+  rep.cells_asked = total_cells;
+  // Ctrl-C: the cell in progress finishes, then the table (and files) of the cells measured; a second one stops at
+  // once. Taken on a watcher thread (util/signals.h), never by a handler on a thread inside a kernel.
+  watch_signal(SIGINT, [](int count) {
+    if (count > 1) die_by_signal(SIGINT);
+    g_bench_interrupted.store(true);
+    std::fputs("\ninterrupted: finishing this cell, then the table of the cells measured (Ctrl-C again to stop at "
+               "once)\n", stderr);
+  });
   int cell = 0;
   for (const std::string& m : model_names) {
+    if (g_bench_interrupted.load()) break;
     const models::ModelEntry& entry = reg.at(m);
     const bool seq = entry.task == "masked_lm";
     Sizes sz = default_sizes(m, entry.task, full);
@@ -395,6 +410,7 @@ int run_bench(const BenchFlags& f) {
       first_size = false;
     }
     for (const std::string& p : precisions) {
+      if (g_bench_interrupted.load()) break;
       ++cell;
       BenchRow row;
       row.model = m;
@@ -515,6 +531,7 @@ int run_bench(const BenchFlags& f) {
     rep.sizes_note += "; peer: no Python with torch found (" + why +
                       "; `scripts/setup --peer` installs Debian's PyTorch, or give --peer PYTHON)";
   }
+  rep.interrupted = g_bench_interrupted.load();
   compute_derived(rep);
   if (!f.markdown.empty()) write_file_atomically(f.markdown, bench_markdown(rep), "Markdown file");
   if (!f.svg.empty()) write_file_atomically(f.svg, bench_svg(rep), "SVG file");
@@ -524,6 +541,7 @@ int run_bench(const BenchFlags& f) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s", profile_text.c_str());
   }
+  if (rep.interrupted) return 128 + SIGINT;
   bool any_ok = false;
   for (const auto& r : rep.rows) any_ok = any_ok || r.ours.ok;
   return any_ok ? 0 : 1;

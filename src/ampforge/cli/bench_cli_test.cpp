@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -252,6 +254,39 @@ TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 1u);
   EXPECT_NE(j["rows"][0]["ampforge"]["error"].get<std::string>().find("CUDA"), std::string::npos);
+}
+
+TEST(BenchCli, CtrlCFinishesTheCellThenReportsTheCellsMeasured) {
+  const fs::path err = tmp("interrupted.err"), out = tmp("interrupted.json"), md = tmp("interrupted.md");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (!freopen(out.c_str(), "w", stdout) || !freopen(err.c_str(), "w", stderr)) _exit(127);
+    const std::string bin = AMPFORGE_BINARY_DIR "/bin/ampforge", mds = md.string();
+    execl(bin.c_str(), bin.c_str(), "bench", "--models", "cnn,resnet-small", "--precisions", "fp32,bf16", "--peer",
+          "none", "--json", "--markdown", mds.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Ctrl-C once the first cell has started: it finishes, and no other cell starts.
+  auto text = [](const fs::path& f) {
+    std::ifstream in(f);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (int i = 0; i < 1200 && text(err).find("bench [1/4]") == std::string::npos; ++i) usleep(50000);
+  ASSERT_NE(text(err).find("bench [1/4]"), std::string::npos) << text(err);
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << text(err);
+  EXPECT_EQ(WEXITSTATUS(st), 130);
+  const auto j = nlohmann::json::parse(text(out));
+  EXPECT_EQ(j["interrupted"], true);
+  EXPECT_EQ(j["cells_asked"], 4);
+  ASSERT_GE(j["rows"].size(), 1u);
+  EXPECT_LT(j["rows"].size(), 4u);
+  EXPECT_EQ(j["rows"][0]["model"], "cnn");
+  EXPECT_TRUE(j["rows"][0]["ampforge"].contains("samples_per_sec")) << text(err);  // measured, not an error
+  EXPECT_NE(text(md).find("interrupted (Ctrl-C): measured"), std::string::npos);
 }
 
 TEST(BenchCli, HelpAndUsageErrors) {

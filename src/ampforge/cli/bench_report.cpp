@@ -119,6 +119,8 @@ std::string header_lines(const BenchReport& r) {
     s += "\nnot in this build (skipped):";
     for (const auto& m : r.unavailable_models) s += " " + m;
   }
+  if (r.interrupted)
+    s += fmt::format("\ninterrupted (Ctrl-C): measured {} of the {} cells asked for", r.rows.size(), r.cells_asked);
   return s;
 }
 
@@ -145,6 +147,8 @@ nlohmann::json bench_to_json(const BenchReport& r) {
                                                       : nlohmann::json();
   j["peer"] = r.peer_torch.empty() ? nlohmann::json() : nlohmann::json{{"python", r.peer_python}, {"torch", r.peer_torch}};
   j["unavailable_models"] = r.unavailable_models;
+  j["interrupted"] = r.interrupted;
+  j["cells_asked"] = r.cells_asked;
   j["rows"] = nlohmann::json::array();
   for (const BenchRow& row : r.rows) {
     nlohmann::json jr = {{"model", row.model}, {"precision", row.precision}, {"batch", row.batch},
