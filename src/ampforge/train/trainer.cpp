@@ -186,11 +186,14 @@ tasks::Metrics evaluate(nn::Module& model, tasks::Task& task, data::DataLoader& 
   model.eval();
   loader.start_epoch(0);
   std::unique_ptr<tasks::Evaluator> ev = task.evaluator();
+  bool stopped = false;
   while (auto b = loader.next()) {
+    if ((stopped = stop_requested().load())) break;  // Ctrl-C: no metrics of part of the split
     amp::Autocast ac(b->x.device(), precision == DType::F32 ? DType::BF16 : precision, precision != DType::F32);
     ev->add(model, *b);
   }
   model.train();
+  if (stopped) return {};
   tasks::Metrics m = ev->result();
   details = ev->details();
   return m;
@@ -315,6 +318,11 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     tasks::Metrics m;
     if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
     return dp ? broadcast_metrics(dp->comm(), m) : m;
+  };
+  // After run_eval: whether a stop was asked for (evaluate() stops early then); every rank takes the same answer.
+  auto eval_interrupted = [&] {
+    const bool stop = stop_requested().load();
+    return dp ? dp->any(stop) : stop;
   };
   CheckpointPosition pos;
   if (!o_.resume.empty()) {
@@ -514,9 +522,20 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       bar.finish(fmt::format("stopped: {}", r.stopped_reason));
       break;
     }
+    // The epoch's checkpoint before its evaluation, which changes nothing the checkpoint holds (the evaluators draw
+    // from generators of their own): a Ctrl-C during a long evaluation then loses nothing.
+    save({epoch + 1, 0, pos.global_step});
     std::string eval_text;
     if (eval_loader) {
       r.eval = run_eval();
+      if (eval_interrupted()) {  // its metrics cover part of the split: not reported
+        r.eval.clear();
+        ++r.epochs_completed;
+        r.stopped_reason = "interrupted";
+        r.interrupted = true;
+        bar.finish("stopped: interrupted during the evaluation");
+        break;
+      }
       r.epoch_eval.push_back(r.eval);
       r.epoch_accuracy.push_back(metric_or_zero(r.eval, "accuracy"));
       for (const tasks::Metric& m : r.eval)
@@ -526,11 +545,17 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     ++r.epochs_completed;
     bar.finish(fmt::format("loss {:.4f}{}, {:.0f} samples/s", last_loss, eval_text,
                            static_cast<double>(epoch_samples) / std::max(epoch_clock.seconds(), 1e-9)));
-    save({epoch + 1, 0, pos.global_step});
   }
   // Stopped by --max-steps before an epoch ended: evaluate once so the summary has the metrics. After
   // Ctrl-C the user wants out, and after a non-finite loss the model is not worth evaluating.
-  if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader) r.eval = run_eval();
+  if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader) {
+    r.eval = run_eval();
+    if (eval_interrupted()) {
+      r.eval.clear();
+      r.stopped_reason = "interrupted";
+      r.interrupted = true;
+    }
+  }
   // Every rank ends with rank 0's BatchNorm statistics, so the ranks' models are identical.
   if (dp) broadcast_buffers(dp->comm(), model);
   r.test_accuracy = metric_or_zero(r.eval, "accuracy");

@@ -123,6 +123,52 @@ TEST(TrainerApi, UserModuleDatasetAndLossTrain) {
   EXPECT_THROW(trainer.fit(std::make_shared<PointsDataset>(8, 1), nullptr), Error) << "fit runs once";
 }
 
+// Ctrl-C during an evaluation (the evaluator asks for the stop, as the signal's watcher would): the evaluation
+// stops at the next batch, its partial metrics are not reported, and the epoch's checkpoint is already written.
+class StopDuringEvalTask final : public tasks::Task {
+ public:
+  std::string name() const override { return "brier"; }
+  Tensor loss(nn::Module& model, const data::Batch& b) override { return inner_.loss(model, b); }
+  class Eval final : public tasks::Evaluator {
+   public:
+    explicit Eval(int* batches) : batches_(batches) {}
+    void add(nn::Module&, const data::Batch&) override {
+      ++*batches_;
+      train::stop_requested().store(true);
+    }
+    tasks::Metrics result() override { return {{"hit_rate", 1.0, true}}; }
+    int* batches_;
+  };
+  std::unique_ptr<tasks::Evaluator> evaluator() const override { return std::make_unique<Eval>(&batches); }
+  std::string primary_metric() const override { return "hit_rate"; }
+  mutable int batches = 0;
+  BrierTask inner_;
+};
+
+TEST(TrainerApi, CtrlCDuringTheEvaluationStopsItAndKeepsTheEpochsCheckpoint) {
+  manual_seed(3);
+  const std::filesystem::path ck = std::filesystem::temp_directory_path() /
+                                   ("ampforge_stop_eval_" + std::to_string(::getpid()) + ".safetensors");
+  auto task = std::make_shared<StopDuringEvalTask>();
+  train::TrainerOptions o = quiet_options();
+  o.epochs = 3;
+  o.eval_loader.batch_size = 64;  // 8 evaluation batches
+  o.save = ck.string();
+  train::Trainer trainer(std::make_shared<Mlp>(), task, adamw(1e-2), o);
+  const train::TrainResult r =
+      trainer.fit(std::make_shared<PointsDataset>(256, 11), std::make_shared<PointsDataset>(512, 12));
+  EXPECT_EQ(task->batches, 1) << "the evaluation went on after the stop";
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.stopped_reason, "interrupted");
+  EXPECT_EQ(r.epochs_completed, 1);
+  EXPECT_TRUE(r.eval.empty()) << "metrics of one batch of eight reported";
+  EXPECT_TRUE(r.epoch_eval.empty());
+  const SafetensorsFile f = load_safetensors(ck.string());
+  EXPECT_EQ(f.metadata.at("position"), R"({"batch_in_epoch":0,"epoch":1,"global_step":8})");
+  std::filesystem::remove(ck);
+  train::stop_requested().store(false);
+}
+
 TEST(TrainerApi, AccumulatedMicroBatchesGiveTheFullBatchStep) {
   // 4 steps of batch 32 against 4 steps of 2 x 16 accumulated: the same examples in the same order (the
   // order depends on (seed, epoch) only), so the same mean loss and gradient up to rounding.
