@@ -52,7 +52,8 @@ struct TrainerOptions {
   Device device = kCPU;
   bool cuda_graphs = false;
   int64_t loss_read_interval = 50;
-  // Checkpoints: written after each epoch, at the end and on SIGINT/max_steps; `resume` continues one.
+  // Checkpoints: written after each epoch (before its evaluation), at the end and on a stop signal or max_steps;
+  // `resume` continues one.
   // The label names the run's model in the checkpoint (resume refuses another); empty: the model's type.
   std::string save, resume, checkpoint_label;
   std::string config_json = "{}";  // stored in checkpoints for people reading them
