@@ -411,7 +411,15 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   };
   int64_t samples = 0;
   double train_seconds = 0;
-  stop_requested().store(false);
+  // A stop asked for before training started (a Ctrl-C while the data was prepared): no step runs, nothing is
+  // saved. The flag is not cleared: a stop signal ends the process's training (a library caller that wants to train
+  // again after one clears stop_requested() itself).
+  bool stop_before = stop_requested().load();
+  if (dp) stop_before = dp->any(stop_before);
+  if (stop_before) {
+    r.stopped_reason = "interrupted";
+    r.interrupted = true;
+  }
   model.train();
   double last_loss = 0;
   const int64_t first_step_of_run = pos.global_step;

@@ -144,7 +144,8 @@ class Trainer {
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
 
 // Process-wide stop request (a stop signal sets it; the trainer finishes the current step, writes the checkpoint
-// and returns with TrainResult::interrupted).
+// and returns with TrainResult::interrupted; set before fit() starts, fit() runs no step). Nothing clears it: a
+// program that trains again after a stop clears it itself.
 std::atomic<bool>& stop_requested();
 // Takes the stop signals on watcher threads from now on (util/signals.h: blocked in this thread and the threads it
 // starts): SIGINT (Ctrl-C), SIGTERM and SIGUSR1 set stop_requested() and say so on stderr (rank 0 of a data-parallel

@@ -166,6 +166,12 @@ TEST(TrainerApi, CtrlCDuringTheEvaluationStopsItAndKeepsTheEpochsCheckpoint) {
   const SafetensorsFile f = load_safetensors(ck.string());
   EXPECT_EQ(f.metadata.at("position"), R"({"batch_in_epoch":0,"epoch":1,"global_step":8})");
   std::filesystem::remove(ck);
+  // The request stays: a fit that starts after it runs no step and writes nothing.
+  train::Trainer again(std::make_shared<Mlp>(), std::make_shared<BrierTask>(), adamw(1e-2), o);
+  const train::TrainResult r2 = again.fit(std::make_shared<PointsDataset>(256, 11), nullptr);
+  EXPECT_TRUE(r2.interrupted);
+  EXPECT_EQ(r2.steps, 0);
+  EXPECT_FALSE(std::filesystem::exists(ck));
   train::stop_requested().store(false);
 }
 
