@@ -200,6 +200,8 @@ Command add_train_command(CLI::App& app) {
                            static_cast<long long>(r.host_syncs), static_cast<long long>(r.steps),
                            static_cast<long long>(cfg.loss_read_interval));
             if (!r.stopped_reason.empty()) std::fprintf(stderr, "stopped: %s\n", r.stopped_reason.c_str());
+            if (r.interrupted && !r.checkpoint.empty())
+              std::fprintf(stderr, "to continue: the same command with --resume %s\n", r.checkpoint.c_str());
             std::optional<profiler::Report> prof;
             if (r.profile) {
               prof = profiler::compute_report(*r.profile);

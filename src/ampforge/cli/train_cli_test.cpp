@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -110,11 +111,12 @@ TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
 // SIGINT is Ctrl-C; SIGTERM what docker, Kubernetes, systemd and Slurm send before SIGKILL; SIGUSR1 what mpirun
 // forwards (train/trainer.h: install_stop_signals). The exit code is 128 + the signal, as a shell reports it.
 void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
-  const fs::path ckpt = tmp(stem + ".safetensors");
+  const fs::path ckpt = tmp(stem + ".safetensors"), err = tmp(stem + ".err");
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     const std::string save = ckpt.string();
+    if (!freopen(err.c_str(), "w", stderr)) _exit(127);
     execl(kBin.c_str(), kBin.c_str(), "train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
           "--batch", "64", "--no-progress", "--save", save.c_str(), static_cast<char*>(nullptr));
     _exit(127);
@@ -130,6 +132,10 @@ void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
   EXPECT_TRUE(f.contains("model.0.weight"));
   for (const auto& e : fs::directory_iterator(ckpt.parent_path()))
     EXPECT_EQ(e.path().filename().string().find(stem + ".safetensors.tmp"), std::string::npos) << e.path();
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("stopping after this step"), std::string::npos) << text;
+  EXPECT_NE(text.find("to continue: the same command with --resume " + ckpt.string()), std::string::npos) << text;
 }
 
 TEST(TrainCli, SigintWritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGINT, "sigint"); }
