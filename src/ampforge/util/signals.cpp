@@ -15,9 +15,12 @@
 namespace ampforge {
 namespace {
 
+constexpr int kSynchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+
 bool synchronous(int signo) {
-  return signo == SIGSEGV || signo == SIGBUS || signo == SIGFPE || signo == SIGILL || signo == SIGTRAP ||
-         signo == SIGABRT || signo == SIGSYS;
+  for (int s : kSynchronous)
+    if (s == signo) return true;
+  return false;
 }
 
 struct Watch {
@@ -54,6 +57,16 @@ void watcher_loop(int signo) {
 
 }  // namespace
 
+sigset_t asynchronous_signals() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int s : kSynchronous) sigdelset(&set, s);
+  return set;
+}
+
+ScopedSignalBlock::ScopedSignalBlock(const sigset_t& signals) { pthread_sigmask(SIG_BLOCK, &signals, &old_); }
+ScopedSignalBlock::~ScopedSignalBlock() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
 void watch_signal(int signo, std::function<void(int count)> on_signal) {
   AF_CHECK(signo > 0 && signo < kSignals && signo != SIGKILL && signo != SIGSTOP && !synchronous(signo),
            "watch_signal: {} is not an asynchronous signal a process can catch", signo);
@@ -66,17 +79,13 @@ void watch_signal(int signo, std::function<void(int count)> on_signal) {
   pthread_sigmask(SIG_BLOCK, &one, nullptr);
   block_signals_in_workers(one);
   // The watcher blocks every signal (it inherits this mask): only sigwait takes its own, and no other lands there.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
   std::thread watcher;
-  try {
+  {
+    sigset_t all;
+    sigfillset(&all);
+    const ScopedSignalBlock block(all);
     watcher = std::thread(watcher_loop, signo);
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    throw;
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   g_watcher[signo] = watcher.native_handle();
   watcher.detach();  // lives as long as the process; exit ends it
   g_started[signo].store(true, std::memory_order_release);

@@ -11,9 +11,27 @@
 // what a handler may not (print, lock, allocate).
 #pragma once
 
+#include <csignal>
 #include <functional>
 
 namespace ampforge {
+
+// Every signal but the synchronous ones (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS), which report a
+// fault of the thread that raised them and must stay deliverable to it.
+sigset_t asynchronous_signals();
+
+// Blocks `signals` in the calling thread while alive, then restores the thread's previous mask. Threads started
+// meanwhile inherit the blocked mask: the way to start threads that never run a handler for them.
+class ScopedSignalBlock {
+ public:
+  explicit ScopedSignalBlock(const sigset_t& signals);
+  ~ScopedSignalBlock();
+  ScopedSignalBlock(const ScopedSignalBlock&) = delete;
+  ScopedSignalBlock& operator=(const ScopedSignalBlock&) = delete;
+
+ private:
+  sigset_t old_;
+};
 
 // Calls `on_signal(count)` on a watcher thread each time `signo` arrives (count = 1, 2, ... over the process's
 // life). From this call on, `signo` is blocked in the calling thread and so in every thread it starts later (masks

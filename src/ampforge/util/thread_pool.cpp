@@ -24,6 +24,7 @@
 
 #include "ampforge/util/env.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/signals.h"
 
 #if defined(AMPFORGE_POOL_OPENMP)
 #include <omp.h>
@@ -164,17 +165,8 @@ class ThreadPool {
     const uint64_t gen = generation_.load(std::memory_order_acquire);
     // Workers start with every asynchronous signal blocked (they inherit this thread's mask): a handler that runs
     // on a thread inside a JIT kernel can corrupt memory (util/signals.h).
-    sigset_t async, old;
-    sigfillset(&async);
-    for (int sync : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS}) sigdelset(&async, sync);
-    pthread_sigmask(SIG_BLOCK, &async, &old);
-    try {
-      for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
-    } catch (...) {
-      pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      throw;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    const ScopedSignalBlock block(asynchronous_signals());
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
   }
 
   void stop() {
