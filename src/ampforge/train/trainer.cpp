@@ -314,15 +314,23 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   if (o_.ema.enabled) ema.emplace(model, o_.ema);
   // Rank 0 alone evaluates in a data-parallel run; the others receive its metrics (not its details). With a
   // weight average, on it.
-  auto run_eval = [&] {
-    tasks::Metrics m;
-    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
-    return dp ? broadcast_metrics(dp->comm(), m) : m;
-  };
-  // After run_eval: whether a stop was asked for (evaluate() stops early then); every rank takes the same answer.
-  auto eval_interrupted = [&] {
+  // Whether a stop was asked for, the same answer on every rank (a collective: all ranks ask at the same point).
+  auto stop_agreed = [&] {
     const bool stop = stop_requested().load();
     return dp ? dp->any(stop) : stop;
+  };
+  auto stop_interrupted = [&] {
+    r.stopped_reason = "interrupted";
+    r.interrupted = true;
+  };
+  // The evaluation's metrics; none when a stop came during it (evaluate() then stops early, and metrics of part of
+  // the split are not reported).
+  auto run_eval = [&]() -> std::optional<tasks::Metrics> {
+    tasks::Metrics m;
+    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
+    if (dp) m = broadcast_metrics(dp->comm(), m);
+    if (stop_agreed()) return std::nullopt;
+    return m;
   };
   CheckpointPosition pos;
   if (!o_.resume.empty()) {
@@ -376,7 +384,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                                   lo.batch_size * world * k).c_str()
                     : "");
   // BF16 on a CPU whose BF16 kernels are not faster than F32 (bf16_compute.h): say what the user gets.
-  if (o_.verbose && !on_cuda && o_.precision == DType::BF16 && rank == 0 &&
+  if (o_.verbose && !on_cuda && o_.precision == DType::BF16 &&
       cpu::cpu_bf16_compute(cpu::Bf16Kind::Matmul) == cpu::Bf16Compute::F32 &&
       cpu::cpu_bf16_compute(cpu::Bf16Kind::Conv) == cpu::Bf16Compute::F32)
     std::fprintf(stderr,
@@ -414,12 +422,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // A stop asked for before training started (a Ctrl-C while the data was prepared): no step runs, nothing is
   // saved. The flag is not cleared: a stop signal ends the process's training (a library caller that wants to train
   // again after one clears stop_requested() itself).
-  bool stop_before = stop_requested().load();
-  if (dp) stop_before = dp->any(stop_before);
-  if (stop_before) {
-    r.stopped_reason = "interrupted";
-    r.interrupted = true;
-  }
+  if (stop_agreed()) stop_interrupted();
   model.train();
   double last_loss = 0;
   const int64_t first_step_of_run = pos.global_step;
@@ -535,15 +538,15 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     save({epoch + 1, 0, pos.global_step});
     std::string eval_text;
     if (eval_loader) {
-      r.eval = run_eval();
-      if (eval_interrupted()) {  // its metrics cover part of the split: not reported
-        r.eval.clear();
+      std::optional<tasks::Metrics> m = run_eval();
+      if (!m) {
+        r.eval.clear();  // no metrics of an earlier epoch as the run's either
         ++r.epochs_completed;
-        r.stopped_reason = "interrupted";
-        r.interrupted = true;
+        stop_interrupted();
         bar.finish("stopped: interrupted during the evaluation");
         break;
       }
+      r.eval = std::move(*m);
       r.epoch_eval.push_back(r.eval);
       r.epoch_accuracy.push_back(metric_or_zero(r.eval, "accuracy"));
       for (const tasks::Metric& m : r.eval)
@@ -557,12 +560,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // Stopped by --max-steps before an epoch ended: evaluate once so the summary has the metrics. After
   // Ctrl-C the user wants out, and after a non-finite loss the model is not worth evaluating.
   if (r.epochs_completed == 0 && r.stopped_reason == "max_steps" && eval_loader) {
-    r.eval = run_eval();
-    if (eval_interrupted()) {
-      r.eval.clear();
-      r.stopped_reason = "interrupted";
-      r.interrupted = true;
-    }
+    if (std::optional<tasks::Metrics> m = run_eval())
+      r.eval = std::move(*m);
+    else
+      stop_interrupted();
   }
   // Every rank ends with rank 0's BatchNorm statistics, so the ranks' models are identical.
   if (dp) broadcast_buffers(dp->comm(), model);
