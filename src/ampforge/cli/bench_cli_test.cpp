@@ -16,8 +16,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -25,14 +23,10 @@ namespace fs = std::filesystem;
 
 namespace {
 using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::read_text;
 using ampforge::cli::testing::run_ampforge;
+using ampforge::cli::testing::spawn_ampforge;
 fs::path tmp(const std::string& name) { return ampforge::cli::testing::scratch_dir("ampforge_bench_test_") / name; }
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 }  // namespace
 
 TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
@@ -80,7 +74,7 @@ TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   const double fp32 = j["rows"][0]["ampforge"]["samples_per_sec"], bf16 = j["rows"][1]["ampforge"]["samples_per_sec"];
   EXPECT_NEAR(j["rows"][1]["gain_vs_fp32_percent"].get<double>(), 100.0 * (bf16 / fp32 - 1.0), 1e-9);
 
-  const std::string m = slurp(md);
+  const std::string m = read_text(md);
   EXPECT_NE(m.find("| cnn | fp32 | 16 | 1x28x28 |"), std::string::npos) << m;
   EXPECT_NE(m.find("| cnn | bf16 | 16 | 1x28x28 |"), std::string::npos) << m;
   // The SVG is XML (parsed by Python's expat) with one bar per measured cell: two ampforge cells, no peer.
@@ -90,7 +84,7 @@ TEST(BenchCli, JsonMarkdownAndSvgOfTheMeasuredCells) {
   char buf[64] = {0};
   ASSERT_NE(fgets(buf, sizeof buf, p), nullptr);
   EXPECT_EQ(pclose(p), 0);
-  EXPECT_EQ(std::atoi(buf), 2) << slurp(svg);
+  EXPECT_EQ(std::atoi(buf), 2) << read_text(svg);
 }
 
 // --profile: one more step per cell under the profiler, not timed; its report is on stderr and in each cell's
@@ -191,7 +185,7 @@ TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
   EXPECT_NEAR(row["ratio"].get<double>(), ratios[1], 1e-9) << row;
   EXPECT_NEAR(row["ratio"].get<double>(),
               row["ampforge"]["samples_per_sec"].get<double>() / row["peer"]["samples_per_sec"].get<double>(), 1e-9);
-  EXPECT_EQ(slurp(count), "3\n") << "one peer run per round";
+  EXPECT_EQ(read_text(count), "3\n") << "one peer run per round";
   fs::remove(count);
   const CmdResult t = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
                                    "--rounds 2 --peer " + py.string(), false);
@@ -234,7 +228,7 @@ TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
   EXPECT_EQ(fp32["peer"]["samples_per_sec"], 32.0) << fp32;
   EXPECT_NEAR(fp32["ratio"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 32.0, 1e-9);
   EXPECT_EQ(fp32["ampforge"]["step_seconds"].size(), 3u);
-  EXPECT_EQ(slurp(count), "3\n") << "one peer step per timed step of ours, none in the warm-up";
+  EXPECT_EQ(read_text(count), "3\n") << "one peer step per timed step of ours, none in the warm-up";
   const auto& bf16 = j["rows"][1];
   EXPECT_TRUE(bf16["peer"].contains("error")) << bf16;
   EXPECT_TRUE(bf16["ratio"].is_null());
@@ -258,35 +252,26 @@ TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
 
 TEST(BenchCli, CtrlCFinishesTheCellThenReportsTheCellsMeasured) {
   const fs::path err = tmp("interrupted.err"), out = tmp("interrupted.json"), md = tmp("interrupted.md");
-  const pid_t pid = fork();
+  const pid_t pid = spawn_ampforge({"bench", "--models", "cnn,resnet-small", "--precisions", "fp32,bf16", "--peer",
+                                    "none", "--json", "--markdown", md.string()},
+                                   out, err);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (!freopen(out.c_str(), "w", stdout) || !freopen(err.c_str(), "w", stderr)) _exit(127);
-    const std::string bin = AMPFORGE_BINARY_DIR "/bin/ampforge", mds = md.string();
-    execl(bin.c_str(), bin.c_str(), "bench", "--models", "cnn,resnet-small", "--precisions", "fp32,bf16", "--peer",
-          "none", "--json", "--markdown", mds.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   // Ctrl-C once the first cell has started: it finishes, and no other cell starts.
-  auto text = [](const fs::path& f) {
-    std::ifstream in(f);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  for (int i = 0; i < 1200 && text(err).find("bench [1/4]") == std::string::npos; ++i) usleep(50000);
-  ASSERT_NE(text(err).find("bench [1/4]"), std::string::npos) << text(err);
+  for (int i = 0; i < 1200 && read_text(err).find("bench [1/4]") == std::string::npos; ++i) usleep(50000);
+  ASSERT_NE(read_text(err).find("bench [1/4]"), std::string::npos) << read_text(err);
   kill(pid, SIGINT);
   int st = 0;
   waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st)) << text(err);
+  ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
   EXPECT_EQ(WEXITSTATUS(st), 130);
-  const auto j = nlohmann::json::parse(text(out));
+  const auto j = nlohmann::json::parse(read_text(out));
   EXPECT_EQ(j["interrupted"], true);
   EXPECT_EQ(j["cells_asked"], 4);
   ASSERT_GE(j["rows"].size(), 1u);
   EXPECT_LT(j["rows"].size(), 4u);
   EXPECT_EQ(j["rows"][0]["model"], "cnn");
-  EXPECT_TRUE(j["rows"][0]["ampforge"].contains("samples_per_sec")) << text(err);  // measured, not an error
-  EXPECT_NE(text(md).find("interrupted (Ctrl-C): measured"), std::string::npos);
+  EXPECT_TRUE(j["rows"][0]["ampforge"].contains("samples_per_sec")) << read_text(err);  // measured, not an error
+  EXPECT_NE(read_text(md).find("interrupted (Ctrl-C): measured"), std::string::npos);
 }
 
 TEST(BenchCli, HelpAndUsageErrors) {

@@ -7,7 +7,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 namespace ampforge::cli::testing {
 
@@ -27,6 +30,28 @@ inline CmdResult run_ampforge(const std::string& args, bool merge_stderr = true,
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// Starts the built ampforge with `args` (no shell) and returns its pid, for tests that signal it while it runs;
+// stdout / stderr go to the files given (else they stay the test's). The caller waits for it (waitpid).
+inline pid_t spawn_ampforge(const std::vector<std::string>& args, const std::filesystem::path& out = {},
+                            const std::filesystem::path& err = {}) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  if (!out.empty() && !std::freopen(out.c_str(), "w", stdout)) ::_exit(127);
+  if (!err.empty() && !std::freopen(err.c_str(), "w", stderr)) ::_exit(127);
+  const std::string bin = AMPFORGE_BINARY_DIR "/bin/ampforge";
+  std::vector<char*> argv{const_cast<char*>(bin.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(bin.c_str(), argv.data());
+  ::_exit(127);
+}
+
+// The whole file ("" when it cannot be read).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // <tmp>/<prefix><pid>, created.

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -23,10 +22,10 @@
 namespace fs = std::filesystem;
 
 namespace {
-const std::string kBin = AMPFORGE_BINARY_DIR "/bin/ampforge";
-
 using ampforge::cli::testing::CmdResult;
+using ampforge::cli::testing::read_text;
 using ampforge::cli::testing::run_ampforge;
+using ampforge::cli::testing::spawn_ampforge;
 fs::path tmp(const std::string& name) { return ampforge::cli::testing::scratch_dir("ampforge_cli_test_") / name; }
 }  // namespace
 
@@ -112,15 +111,10 @@ TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
 // forwards (train/trainer.h: install_stop_signals). The exit code is 128 + the signal, as a shell reports it.
 void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
   const fs::path ckpt = tmp(stem + ".safetensors"), err = tmp(stem + ".err");
-  const pid_t pid = fork();
+  const pid_t pid = spawn_ampforge({"train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
+                                    "--batch", "64", "--no-progress", "--save", ckpt.string()},
+                                   {}, err);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const std::string save = ckpt.string();
-    if (!freopen(err.c_str(), "w", stderr)) _exit(127);
-    execl(kBin.c_str(), kBin.c_str(), "train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
-          "--batch", "64", "--no-progress", "--save", save.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   std::this_thread::sleep_for(std::chrono::seconds(4));
   kill(pid, sig);
   int st = 0;
@@ -132,8 +126,7 @@ void expect_stop_signal_writes_a_checkpoint(int sig, const std::string& stem) {
   EXPECT_TRUE(f.contains("model.0.weight"));
   for (const auto& e : fs::directory_iterator(ckpt.parent_path()))
     EXPECT_EQ(e.path().filename().string().find(stem + ".safetensors.tmp"), std::string::npos) << e.path();
-  std::ifstream in(err);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_text(err);
   EXPECT_NE(text.find("stopping after this step"), std::string::npos) << text;
   EXPECT_NE(text.find("to continue: the same command with --resume " + ckpt.string()), std::string::npos) << text;
 }
@@ -145,14 +138,11 @@ TEST(TrainCli, SigtermWritesACheckpointAndExitsCleanly) { expect_stop_signal_wri
 TEST(TrainCli, Sigusr1WritesACheckpointAndExitsCleanly) { expect_stop_signal_writes_a_checkpoint(SIGUSR1, "sigusr1"); }
 
 TEST(TrainCli, SecondSigintStopsAtOnce) {
-  const pid_t pid = fork();
+  // Steps of seconds here (the first of batch 4096 took about 5 s), so the second Ctrl-C lands while the first
+  // one's step still runs.
+  const pid_t pid = spawn_ampforge({"train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
+                                    "--batch", "4096", "--no-progress"});
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    // Steps of about a second here, so the second Ctrl-C lands while the first one's step still runs.
-    execl(kBin.c_str(), kBin.c_str(), "train", "--dataset", "synthetic", "--synthetic-size", "100000", "--epochs", "5",
-          "--batch", "4096", "--no-progress", static_cast<char*>(nullptr));
-    _exit(127);
-  }
   std::this_thread::sleep_for(std::chrono::seconds(3));
   kill(pid, SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // signals do not queue: one at a time
