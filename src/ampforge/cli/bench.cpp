@@ -37,8 +37,8 @@
 #include "ampforge/train/fit_probe.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
-#include "ampforge/util/signals.h"
 #include "ampforge/util/file.h"
+#include "ampforge/util/signals.h"
 #include "ampforge/util/timer.h"
 
 namespace ampforge::cli {

@@ -173,7 +173,8 @@ Command add_train_command(CLI::App& app) {
             // Stopped by a signal: 128 + its number, as a shell reports a process the signal ended (130 for Ctrl-C).
             const int stop_sig = train::stop_signal();
             const int interrupted_code = 128 + (stop_sig != 0 ? stop_sig : SIGINT);
-            if (r.rank != 0) return r.interrupted ? interrupted_code : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
+            if (r.rank != 0)
+              return r.interrupted ? interrupted_code : r.stopped_reason.rfind("non-finite", 0) == 0 ? 1 : 0;
             // The task's own detail of the final evaluation (detection: the per-class table).
             if (!r.eval_details.text.empty()) std::fprintf(stderr, "\n%s", r.eval_details.text.c_str());
             std::string metrics;

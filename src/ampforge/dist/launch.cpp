@@ -179,7 +179,8 @@ int supervise(std::vector<Proc>& procs, double grace_s, bool verbose, int gentle
     if (const int sig = g_signal.exchange(0); sig != 0) {
       const bool first_ctrl_c = sig == SIGINT && forwarded == 0;
       if (first_ctrl_c && verbose)
-        std::fprintf(stderr, "ampforge launch: stopping the job after the current step (Ctrl-C again to stop at once)\n");
+        std::fprintf(stderr,
+                     "ampforge launch: stopping the job after the current step (Ctrl-C again to stop at once)\n");
       forwarded = sig;
       signal_all(first_ctrl_c ? gentle : sig);
       if (!first_ctrl_c && kill_at < 0) kill_at = now_s() + grace_s;

@@ -11,8 +11,8 @@
 //    others' process groups, SIGKILL after `grace_s`, and exits with the failed process's code (128 + the
 //    signal for a signal).
 // Signals: the first Ctrl-C (SIGINT) asks every process to stop after its current step (`ampforge train` then
-// writes its checkpoint and exits 128 + the signal): spawned processes get SIGINT, mpirun gets SIGUSR1, which it forwards to
-// the ranks (on SIGINT it would abort the job at once). Nothing is killed then. A second Ctrl-C, or SIGTERM, is
+// writes its checkpoint and exits 128 + the signal): spawned processes get SIGINT, mpirun gets SIGUSR1, which it
+// forwards to the ranks (on SIGINT it would abort the job at once). Nothing is killed then. A second Ctrl-C, or SIGTERM, is
 // forwarded as it is (mpirun aborts the job; a spawned `ampforge train` stops after its step on a first SIGTERM)
 // and SIGKILL follows after `grace_s`. The launcher exits 128 + the signal it was sent (130 for Ctrl-C) unless a
 // process failed first.

@@ -391,7 +391,8 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                  "note: bf16 products and convolutions run in F32 on copies on this CPU (products: %s; convolutions: "
                  "%s): bf16 halves activation memory and traffic, but its products are not faster than fp32's "
                  "(AMPFORGE_CPU_BF16=native runs the BF16 kernels anyway)\n",
-                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Matmul).c_str(), cpu::cpu_bf16_summary(cpu::Bf16Kind::Conv).c_str());
+                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Matmul).c_str(),
+                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Conv).c_str());
 
   StepOptions step_opts;
   step_opts.precision = o_.precision;

@@ -248,7 +248,8 @@ TEST(CpuMatmulOneDnn, SignalsDuringProductsLeaveTheHeapAndTheResultsIntact) {
   watch_signal(SIGVTALRM, [](int) { handled.fetch_add(1); });
   // The CNN's classifier product, a shape that runs on oneDNN's JIT SGEMM in a build with oneDNN; a fresh output
   // (heap workspace and allocations) every time.
-  const Tensor x = ops::randn({64, 1024}, DType::F32, kCPU, &gen()), w = ops::randn({512, 1024}, DType::F32, kCPU, &gen());
+  const Tensor x = ops::randn({64, 1024}, DType::F32, kCPU, &gen());
+  const Tensor w = ops::randn({512, 1024}, DType::F32, kCPU, &gen());
   const Tensor want = ops::linear(x, w, Tensor());
   const int64_t sgemm_before = cpu::onednn_sgemm_executions();
   std::atomic<bool> done{false};
@@ -259,8 +260,8 @@ TEST(CpuMatmulOneDnn, SignalsDuringProductsLeaveTheHeapAndTheResultsIntact) {
     }
   });
   int products = 0, differing = 0;
-  for (const auto t0 = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1);
-       ++products) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (; std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1); ++products) {
     const Tensor y = ops::linear(x, w, Tensor());
     differing += std::memcmp(y.data_ptr(), want.data_ptr(), static_cast<size_t>(want.numel()) * sizeof(float)) != 0;
   }

@@ -176,8 +176,8 @@ inline void act_n(A* y, A* t, int64_t n) {
 // The gradient before the activation, dz = g * act'(z) with z = x * scale[c] + shift[c] recomputed from the
 // saved input (the forward's y = act(z) is not kept). Per-thread scratch: loaders are called per row/chunk.
 // store (grad_input itself when S == A; for 16-bit S an F32 buffer of x's size): also write dz there, in the compute
-// type, at the same offsets, so that a later pass reads it instead of recomputing it; SiLU's backward does this, its exp costs more than the extra pass
-// of memory (BF16 YOLOv8s b2 320, profile: batch_norm_backward 30.2 -> 20.3 ms per step, F32's 17.9 and 19.4 ms in the
+// type, at the same offsets, so that a later pass reads it instead of recomputing it; SiLU's backward does this, its
+// exp costs more than the extra pass of memory (BF16 YOLOv8s b2 320, profile: batch_norm_backward 30.2 -> 20.3 ms per step, F32's 17.9 and 19.4 ms in the
 // same two runs).
 template <class S, NormAct kAct>
 struct ActGradLoad {
