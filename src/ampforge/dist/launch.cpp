@@ -19,6 +19,7 @@
 
 #include "ampforge/dist/mpi_communicator.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/signals.h"
 
 extern char** environ;
 
@@ -98,16 +99,7 @@ pid_t start(const std::vector<std::string>& argv, const std::vector<std::string>
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // Its own process group: stopping a rank stops what it started too (a shell wrapper's children).
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGPIPE);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  set_child_spawn_attributes(attr);
   pid_t pid = -1;
   const int rc = posix_spawnp(&pid, args[0], nullptr, &attr, args.data(), envp.data());
   posix_spawnattr_destroy(&attr);

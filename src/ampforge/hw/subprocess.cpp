@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/util/env.h"
+#include "ampforge/util/signals.h"
 #include "ampforge/util/socket.h"
 #include "ampforge/util/timer.h"
 
@@ -84,17 +85,7 @@ Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr, 
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a timeout kills its children too
-  short flags = POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
-  sigset_t empty, defaults;
-  sigemptyset(&empty);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGPIPE);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, flags);
+  set_child_spawn_attributes(attr);  // its own group, so a timeout kills its children too
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

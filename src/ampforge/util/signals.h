@@ -11,6 +11,8 @@
 // what a handler may not (print, lock, allocate).
 #pragma once
 
+#include <spawn.h>
+
 #include <csignal>
 #include <functional>
 
@@ -49,5 +51,11 @@ bool watching_signal(int signo);
 // callback's "a second Ctrl-C stops at once"; the process then ends as if never caught, e.g. exit status 130 in a
 // shell for SIGINT). Falls back to _exit(128 + signo) for a signal whose default action is not to terminate.
 [[noreturn]] void die_by_signal(int signo);
+
+// Sets `attr` (initialised by the caller) for a program this process starts: a process group of its own (stopping
+// the group stops what the program starts too), nothing blocked, and SIGINT, SIGTERM and SIGPIPE at their default
+// actions. Masks and ignored dispositions survive exec: what watch_signal blocked here, or a caller ignored, must not
+// make the child deaf to Ctrl-C.
+void set_child_spawn_attributes(posix_spawnattr_t& attr);
 
 }  // namespace ampforge
