@@ -46,6 +46,14 @@ std::mutex g_stop_mutex;
 int g_stop_signal = 0;     // the first stop signal, 0 before one
 int g_saves = 0;           // checkpoints being written
 int g_die_after_save = 0;  // a signal whose default action waits for the save to end
+std::atomic<bool> g_training{false};  // a fit() is between its first and last step: what a stop message says
+
+struct TrainingScope {
+  TrainingScope() { g_training.store(true); }
+  ~TrainingScope() { g_training.store(false); }
+  TrainingScope(const TrainingScope&) = delete;
+  TrainingScope& operator=(const TrainingScope&) = delete;
+};
 
 void die_unless_saving(int sig) {
   {
@@ -113,24 +121,27 @@ void install_stop_signals() {
     say = dist::detect_world().rank == 0;
   } catch (const Error&) {  // a malformed environment: train() reports it
   }
-  auto request = [say](int sig, const char* message) {
+  // Before the first step (a corpus being tokenised, data being prepared) the run ends without training.
+  auto request = [say](int sig, const char* what, const char* again) {
     {
       std::lock_guard<std::mutex> lk(g_stop_mutex);
       if (g_stop_signal == 0) g_stop_signal = sig;
     }
-    stop_requested().store(true);
-    if (say) std::fputs(message, stderr);
+    if (say)
+      std::fprintf(stderr, "\n%s: %s%s\n", what,
+                   g_training.load() ? "stopping after this step" : "stopping before training starts", again);
+    stop_requested().store(true);  // after the message: who sees the flag sees the message written
   };
   watch_signal(SIGINT, [request](int count) {
     if (count > 1) return die_unless_saving(SIGINT);  // a second Ctrl-C stops at once
-    request(SIGINT, "\ninterrupted: stopping after this step (Ctrl-C again to stop at once)\n");
+    request(SIGINT, "interrupted", " (Ctrl-C again to stop at once)");
   });
   watch_signal(SIGTERM, [request](int count) {
     if (count > 1) return die_unless_saving(SIGTERM);
-    request(SIGTERM, "\nSIGTERM: stopping after this step (SIGTERM again to stop at once)\n");
+    request(SIGTERM, "SIGTERM", " (SIGTERM again to stop at once)");
   });
   watch_signal(SIGUSR1, [request](int count) {
-    if (count == 1) request(SIGUSR1, "\nSIGUSR1: stopping after this step\n");
+    if (count == 1) request(SIGUSR1, "SIGUSR1", "");
     stop_requested().store(true);
   });
 }
@@ -424,6 +435,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // saved. The flag is not cleared: a stop signal ends the process's training (a library caller that wants to train
   // again after one clears stop_requested() itself).
   if (stop_agreed()) stop_interrupted();
+  const TrainingScope training_scope;
   model.train();
   double last_loss = 0;
   const int64_t first_step_of_run = pos.global_step;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 
@@ -172,6 +173,60 @@ TEST(TrainerApi, CtrlCDuringTheEvaluationStopsItAndKeepsTheEpochsCheckpoint) {
   EXPECT_TRUE(r2.interrupted);
   EXPECT_EQ(r2.steps, 0);
   EXPECT_FALSE(std::filesystem::exists(ck));
+  train::stop_requested().store(false);
+}
+
+// The stop signals' message says what will happen: before fit() (data still being prepared) no step will run. Each
+// test sends a signal no other test of this binary sends, a first time, so the binary also passes in one process.
+bool wait_for_stop_request() {
+  for (int i = 0; i < 500 && !train::stop_requested().load(); ++i) ::usleep(10000);
+  return train::stop_requested().load();
+}
+
+TEST(TrainerApi, StopSignalBeforeTrainingSaysNoStepWillRun) {
+  train::install_stop_signals();
+  testing::internal::CaptureStderr();
+  ::kill(::getpid(), SIGTERM);  // to the process: the watcher thread takes it
+  ASSERT_TRUE(wait_for_stop_request());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("SIGTERM: stopping before training starts (SIGTERM again to stop at once)"), std::string::npos)
+      << err;
+  train::Trainer trainer(std::make_shared<Mlp>(), std::make_shared<BrierTask>(), adamw(1e-2), quiet_options());
+  const train::TrainResult r = trainer.fit(std::make_shared<PointsDataset>(256, 11), nullptr);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 0);
+  EXPECT_EQ(train::stop_signal(), SIGTERM);
+  train::stop_requested().store(false);
+}
+
+// Sends SIGINT (Ctrl-C) from its second loss, and waits until the stop is asked for: the step in progress is the last.
+class SignalAtSecondStepTask final : public tasks::Task {
+ public:
+  std::string name() const override { return "brier"; }
+  Tensor loss(nn::Module& model, const data::Batch& b) override {
+    if (++calls == 2) {
+      ::kill(::getpid(), SIGINT);
+      EXPECT_TRUE(wait_for_stop_request());
+    }
+    return inner_.loss(model, b);
+  }
+  std::unique_ptr<tasks::Evaluator> evaluator() const override { return inner_.evaluator(); }
+  std::string primary_metric() const override { return "hit_rate"; }
+  int calls = 0;
+  BrierTask inner_;
+};
+
+TEST(TrainerApi, StopSignalDuringTrainingFinishesTheStep) {
+  train::install_stop_signals();
+  testing::internal::CaptureStderr();
+  auto task = std::make_shared<SignalAtSecondStepTask>();
+  train::Trainer trainer(std::make_shared<Mlp>(), task, adamw(1e-2), quiet_options());
+  const train::TrainResult r = trainer.fit(std::make_shared<PointsDataset>(512, 11), nullptr);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("interrupted: stopping after this step (Ctrl-C again to stop at once)"), std::string::npos)
+      << err;
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 2);
   train::stop_requested().store(false);
 }
 
