@@ -77,9 +77,11 @@ std::vector<DetectionBox> read_yolo_labels(const std::string& path, int64_t num_
     for (int k = 1; k < 5; ++k)
       AF_CHECK(v[k] >= 0 && v[k] <= 1, "{}:{}: coordinate {} = {} is outside [0, 1] (boxes are normalised cx cy w h)",
                path, no, k, f[static_cast<size_t>(k)]);
-    AF_CHECK(v[3] > 0 && v[4] > 0, "{}:{}: the box has a zero width or height", path, no);
-    out.push_back({static_cast<int64_t>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2]),
-                   static_cast<float>(v[3]), static_cast<float>(v[4])});
+    const DetectionBox box{static_cast<int64_t>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2]),
+                           static_cast<float>(v[3]), static_cast<float>(v[4])};
+    // On the stored floats: a size below float's range (1e-50) is zero there (found by tests/fuzz/yolo_labels).
+    AF_CHECK(box.w > 0 && box.h > 0, "{}:{}: the box has a zero width or height ('{}' x '{}')", path, no, f[3], f[4]);
+    out.push_back(box);
   }
   return out;
 }

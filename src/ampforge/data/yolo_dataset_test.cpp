@@ -60,6 +60,11 @@ TEST(YoloLabels, ErrorsNameFileAndLine) {
   m = error_of([&] { read_yolo_labels(p, 3); });
   EXPECT_NE(m.find(p + ":1"), std::string::npos) << m;
   EXPECT_NE(m.find("outside [0, 1]"), std::string::npos) << m;
+  for (const char* size : {"0 0.2", "0.2 0", "1e-50 0.2"}) {  // 1e-50: positive, but zero as a float
+    write(p, std::string("1 0.5 0.5 ") + size + "\n");
+    m = error_of([&] { read_yolo_labels(p, 3); });
+    EXPECT_NE(m.find(p + ":1: the box has a zero width or height"), std::string::npos) << m;
+  }
   write(p, "1 0.5 x 0.2 0.2\n");
   EXPECT_NE(error_of([&] { read_yolo_labels(p, 3); }).find("not a number"), std::string::npos);
   write(p, "2 0.25 0.5 0.5 0.25\n\n");
