@@ -23,6 +23,8 @@ void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const 
   AF_CHECK(found_inf.numel() == 1 && found_inf.dtype() == DType::F32, "amp_update_scale: found_inf must be one F32 value");
   AF_CHECK(attrs.growth_factor > 1.0 && attrs.backoff_factor > 0 && attrs.backoff_factor < 1.0 && attrs.growth_interval > 0,
            "amp_update_scale: need growth_factor > 1, 0 < backoff_factor < 1, growth_interval > 0");
+  check_same_device(scale, growth_tracker, "amp_update_scale");
+  check_same_device(scale, found_inf, "amp_update_scale");
   dispatch(OpId::amp_update_scale, scale.device(), {found_inf}, {scale, growth_tracker}, &attrs);
   scale.storage()->bump_version();
   growth_tracker.storage()->bump_version();
