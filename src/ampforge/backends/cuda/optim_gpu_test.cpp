@@ -1,7 +1,7 @@
 // CUDA fused optimizer steps and GradScaler kernels against the CPU kernels: AdamW and SGD (momentum,
 // Nesterov, weight decay) with F32/F16/BF16 gradients, 16-bit model copies (nearest and stochastic BF16
 // rounding, bit-identical to the CPU), the device-side skip on found_inf, amp_unscale and
-// amp_update_scale. Skips without a CUDA device.
+// amp_update_scale, a found_inf on another device refused. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include "ampforge/backends/cuda/gpu_testutil.h"
@@ -129,4 +129,23 @@ TEST(CudaAmp, UnscaleAndUpdateScaleStayOnTheDevice) {
         expect_identical(tg, tc, "growth tracker");
       }
     }
+}
+
+// GradScaler's flag on the wrong device is an InvalidArgument error at the call, not a kernel reading a host
+// pointer (which would end the CUDA context, failing every later test of the process).
+TEST(CudaOptim, FoundInfOnAnotherDeviceIsRefused) {
+  AF_SKIP_WITHOUT_CUDA();
+  Buffers g = make(64, DType::F32, DType::F32, 0.0f, kCuda0);
+  const Tensor host_flag = ops::zeros(Shape{1});
+  AdamWAttrs aw;
+  EXPECT_THROW(ops::adamw_step_(g.p, g.g, g.m1, g.m2, aw, host_flag, g.model), Error);
+  SgdAttrs sg;
+  EXPECT_THROW(ops::sgd_step_(g.p, g.g, g.m1, sg, host_flag, g.model), Error);
+  AmpUpdateAttrs au;
+  EXPECT_THROW(ops::amp_update_scale_(to_cuda(ops::full(Shape{1}, 65536.0)),
+                                      to_cuda(ops::zeros(Shape{1}, DType::I32)), host_flag, au),
+               Error);
+  // The calls that were refused changed nothing; the device still works.
+  EXPECT_NO_THROW(ops::adamw_step_(g.p, g.g, g.m1, g.m2, aw, g.found, g.model));
+  expect_identical(ops::to_device(g.found, kCPU), host_flag, "found_inf");
 }
