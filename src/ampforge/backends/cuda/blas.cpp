@@ -6,7 +6,8 @@
 //   linear  in: x (M, K), W (N, K)[, bias (N)]; out (M, N) contiguous = x @ W^T (+ bias).
 // Precision: F32 computes in F32 (CUBLAS_COMPUTE_32F) unless TF32 is allowed (cuda::set_allow_tf32,
 // AMPFORGE_ALLOW_TF32=1; off by default as in PyTorch >= 1.12); F16/BF16 multiply on tensor cores and
-// accumulate in F32, rounding the output once.
+// accumulate in F32, rounding the output once (split-K algorithms too: their partial sums are kept in F32,
+// CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; unlike PyTorch's default, no reduced-precision reduction).
 //
 // Layout: cuBLASLt is column-major. A row-major (M, N) result C = A @ B is the column-major (N, M) matrix
 // C^T = B^T @ A^T, so B goes first. A row-major operand with unit column stride is, in memory, the
@@ -246,6 +247,13 @@ Gemm gemm(Device dev, DType dt, int64_t batch, int64_t M, int64_t N, int64_t K, 
         cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
     AF_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+    if (dt != DType::F32) {
+      // Split-K only with F32 partial sums (COMPUTE_TYPE; unsplit algorithms, scheme NONE = 0, always pass): the
+      // INPLACE and OUTPUT_TYPE schemes add the partial products in the 16-bit output type, rounding more than once.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      AF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                           &schemes, sizeof(schemes)));
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t hs =

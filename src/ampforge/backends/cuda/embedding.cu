@@ -40,8 +40,8 @@ namespace {
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < (total);             \
        e += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-// Sets the error bit for an invalid index (read-modify-write keeps other kernels' bits; a plain store, as
-// the other kernels of the backend do: every writer of this bit writes the same value).
+// Sets the error bit for an invalid index (read-modify-write keeps other kernels' bits; not atomic, as
+// softmax.cu's flag_bad_target: every writer of this bit writes the same value).
 AF_DEV void flag_bad_index(int* error_word) {
   volatile int* w = error_word;
   *w = *w | kErrIndexOutOfRange;

@@ -138,8 +138,10 @@ void Graph::capture_begin() {
   // Work queued before the capture must not be confused with captured work: it runs first.
   count_host_sync();
   AF_CUDA_CHECK(cudaStreamSynchronize(s.compute));
-  g.routing = std::make_unique<CaptureAllocationGuard>(g.device, g.pool);
   AF_CUDA_CHECK(cudaStreamBeginCapture(s.compute, cudaStreamCaptureModeThreadLocal));
+  // Only once the capture has begun: a failed begin must not leave this thread's eager allocations routed to
+  // the graph's pool (only ~Graph would undo it). Nothing allocates between the two.
+  g.routing = std::make_unique<CaptureAllocationGuard>(g.device, g.pool);
   g.capturing = true;
   t_capturing_device = g.device;
 }

@@ -241,7 +241,8 @@ void launch_elementwise(const Tensor& out, std::initializer_list<const Tensor*> 
 
 // ---- reductions inside a warp / block ---------------------------------------------------------------
 
-AF_DEV float warp_sum(float v) {
+template <class T>  // float, or double where a long sum must match the CPU's double one (softmax.cu)
+AF_DEV T warp_sum(T v) {
   AF_UNROLL
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -257,14 +258,15 @@ AF_DEV float warp_max(float v) {
 }
 
 // Block-wide reductions for blocks of up to 1024 threads (a multiple of 32). Every thread gets the
-// result. `scratch` holds 32 floats in shared memory; the call synchronises the block twice.
-AF_DEV float block_sum(float v, float* scratch) {
+// result. `scratch` holds 32 values of T in shared memory; the call synchronises the block twice.
+template <class T>
+AF_DEV T block_sum(T v, T* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
   v = warp_sum(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < nwarps ? scratch[lane] : 0.0f;
+  v = lane < nwarps ? scratch[lane] : T(0);
   return warp_sum(v);
 }
 

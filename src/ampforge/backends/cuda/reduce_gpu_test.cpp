@@ -1,6 +1,6 @@
 // CUDA reductions against the CPU kernels: every reduction kind over single and multiple dims, keepdim,
 // inner and outer layouts, non-contiguous inputs, long reductions split across blocks, NaN and tie rules
-// of amax/argmax, var's correction, empty reductions. Skips without a CUDA device.
+// of amax/argmax, var's correction and accuracy far from zero, empty reductions. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +86,10 @@ TEST(CudaReduce, NanTiesAndEdgeCases) {
     expect_matches_cpu(ops::reduce(OpId::var, to_cuda(v), {1}, false, corr), ops::reduce(OpId::var, v, {1}, false, corr),
                        "var correction " + std::to_string(corr));
   }
+  // far from zero (|mean| >> std): float Welford states without a shift were 30-60x the tolerance off
+  Tensor far = random_cpu(Shape{4, 4096}, DType::F32, 110, 1.0, 1e4);
+  expect_matches_cpu(ops::reduce(OpId::var, to_cuda(far), {1}, false), ops::reduce(OpId::var, far, {1}, false),
+                     "var at mean 1e4, std 1");
   Tensor one = random_cpu(Shape{4, 1}, DType::F32, 108);
   expect_matches_cpu(ops::reduce(OpId::var, to_cuda(one), {1}, false), ops::reduce(OpId::var, one, {1}, false),
                      "var of one element is NaN");

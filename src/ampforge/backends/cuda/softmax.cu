@@ -6,7 +6,10 @@
 //   inner == 1, D > 1024   one block per row
 //   inner > 1              one thread per (outer, inner) column, walking D with stride inner: neighbouring
 //                          threads read neighbouring addresses
-// Row statistics accumulate in float (the CPU uses double; the difference is far inside the tolerance).
+// Row sums (of exp, of g or g * y) accumulate in double, as on the CPU: with float sums, log_softmax_backward's
+// sum(g) over a 5000-element row, times an exp(y) of a few tenths, came out up to 1.7x the F32 tolerance away from
+// the CPU's (a host emulation of this kernel's summation order). cross_entropy's row sums stay in float: they
+// only move a row's lse by a few float roundings.
 //
 // cross_entropy: per-row log-sum-exp (saved as F32 for the backward) and loss; the reductions Mean and Sum
 // finish in one block that adds the row losses in a fixed order (in double) and counts the non-ignored
@@ -46,6 +49,7 @@ RowShape row_shape(const Shape& s, int dim) {
 template <class T, bool kLog, bool kBackward, bool kBlock>
 __global__ void __launch_bounds__(kRowBlock) softmax_rows_kernel(int64_t rows, int64_t D, const T* a, const T* b, T* out) {
   __shared__ float scratch[32];
+  __shared__ double dscratch[32];
   const int lane = kBlock ? threadIdx.x : (threadIdx.x & 31);
   const int width = kBlock ? blockDim.x : 32;
   const int64_t rows_per_block = kBlock ? 1 : blockDim.x / 32;
@@ -55,9 +59,9 @@ __global__ void __launch_bounds__(kRowBlock) softmax_rows_kernel(int64_t rows, i
        row += row_step) {
     const T* ar = a + row * D;
     T* orow = out + row * D;
-    auto sum_all = [&](float v) {
+    auto sum_all = [&](double v) {
       if constexpr (kBlock)
-        return block_sum(v, scratch);
+        return block_sum(v, dscratch);
       else
         return warp_sum(v);
     };
@@ -68,21 +72,23 @@ __global__ void __launch_bounds__(kRowBlock) softmax_rows_kernel(int64_t rows, i
         m = block_max(m, scratch);
       else
         m = warp_max(m);
-      float s = 0.0f;
-      for (int64_t j = lane; j < D; j += width) s += expf(to_float(ar[j]) - m);
+      double s = 0.0;
+      for (int64_t j = lane; j < D; j += width) s += static_cast<double>(expf(to_float(ar[j]) - m));
       s = sum_all(s);
       if constexpr (kLog) {
-        const float ls = logf(s);
+        const float ls = logf(static_cast<float>(s));  // the log of the sum rounded to float, as the CPU
         for (int64_t j = lane; j < D; j += width) orow[j] = from_float<T>((to_float(ar[j]) - m) - ls);
       } else {
-        const float inv = 1.0f / s;
+        const float inv = static_cast<float>(1.0 / s);
         for (int64_t j = lane; j < D; j += width) orow[j] = from_float<T>(expf(to_float(ar[j]) - m) * inv);
       }
     } else {
       const T* br = b + row * D;
-      float s = 0.0f;
-      for (int64_t j = lane; j < D; j += width) s += kLog ? to_float(ar[j]) : to_float(ar[j]) * to_float(br[j]);
-      s = sum_all(s);
+      double sd = 0.0;  // a product of two floats is exact in double
+      for (int64_t j = lane; j < D; j += width)
+        sd += kLog ? static_cast<double>(to_float(ar[j]))
+                   : static_cast<double>(to_float(ar[j])) * static_cast<double>(to_float(br[j]));
+      const float s = static_cast<float>(sum_all(sd));
       for (int64_t j = lane; j < D; j += width) {
         const float g = to_float(ar[j]), y = to_float(br[j]);
         orow[j] = from_float<T>(kLog ? g - expf(y) * s : y * (g - s));
@@ -104,20 +110,22 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (!kBackward) {
       float m = -INFINITY;
       for (int64_t j = 0; j < D; ++j) m = nan_max(m, to_float(ac[j * inner]));
-      float s = 0.0f;
-      for (int64_t j = 0; j < D; ++j) s += expf(to_float(ac[j * inner]) - m);
+      double s = 0.0;
+      for (int64_t j = 0; j < D; ++j) s += static_cast<double>(expf(to_float(ac[j * inner]) - m));
       if constexpr (kLog) {
-        const float ls = logf(s);
+        const float ls = logf(static_cast<float>(s));
         for (int64_t j = 0; j < D; ++j) oc[j * inner] = from_float<T>((to_float(ac[j * inner]) - m) - ls);
       } else {
-        const float inv = 1.0f / s;
+        const float inv = static_cast<float>(1.0 / s);
         for (int64_t j = 0; j < D; ++j) oc[j * inner] = from_float<T>(expf(to_float(ac[j * inner]) - m) * inv);
       }
     } else {
       const T* bc = b + base;
-      float s = 0.0f;
+      double sd = 0.0;
       for (int64_t j = 0; j < D; ++j)
-        s += kLog ? to_float(ac[j * inner]) : to_float(ac[j * inner]) * to_float(bc[j * inner]);
+        sd += kLog ? static_cast<double>(to_float(ac[j * inner]))
+                   : static_cast<double>(to_float(ac[j * inner])) * static_cast<double>(to_float(bc[j * inner]));
+      const float s = static_cast<float>(sd);
       for (int64_t j = 0; j < D; ++j) {
         const float g = to_float(ac[j * inner]), y = to_float(bc[j * inner]);
         oc[j * inner] = from_float<T>(kLog ? g - expf(y) * s : y * (g - s));
@@ -170,6 +178,14 @@ struct CeParams {
   int* error_word = nullptr;
 };
 
+// Sets the invalid-target bit of the device's error word, keeping its other bits (the word holds bit flags: a
+// plain store of this bit would erase an embedding index error not yet reported). Every writer of the bit writes
+// the same value, so racing read-modify-writes of it lose nothing.
+AF_DEV void flag_bad_target(int* error_word) {
+  volatile int* w = error_word;
+  *w = *w | kErrTargetOutOfRange;
+}
+
 // One row: returns the loss (0 for an ignored target, NaN for an invalid one) and stores the row's lse.
 // Lanes [0, width) of the caller share the row (width 1: one thread; 32: a warp).
 template <class T, int kWidth>
@@ -195,7 +211,7 @@ AF_DEV float ce_row(const CeParams& p, const T* x, int64_t row, int lane) {
   const int64_t t = p.target[row];
   if (t == p.ignore_index) return 0.0f;
   if (t < 0 || t >= p.C) {
-    if (lane == 0) *reinterpret_cast<volatile int*>(p.error_word) = kErrTargetOutOfRange;
+    if (lane == 0) flag_bad_target(p.error_word);
     return NAN;
   }
   const float nll = lse - to_float(xr[t * st]);
@@ -303,7 +319,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t == p.ignore_index) {
       v = 0.0f;
     } else if (t < 0 || t >= p.C) {
-      *reinterpret_cast<volatile int*>(p.error_word) = kErrTargetOutOfRange;
+      flag_bad_target(p.error_word);
       v = NAN;
     } else {
       const float scale = reduced_scale != nullptr ? *reduced_scale : to_float(grad[row]);
@@ -331,6 +347,7 @@ void cross_entropy_cuda(const KernelArgs& a) {
   const Tensor &x = a.in(0), &target = a.in(1);
   const Tensor &loss = a.out(0), &lse = a.out(1);
   const auto& at = a.attr<CrossEntropyAttrs>();
+  visit_float(x.dtype(), "cross_entropy", [](auto) {});  // F64 logits: NotImplemented, not an lse dtype error
   AF_CHECK(lse.dtype() == DType::F32, "cross_entropy: CUDA keeps the log-sum-exp in F32, got {}",
            dtype_name(lse.dtype()));
   DeviceGuard guard(x.device());
@@ -366,6 +383,7 @@ void cross_entropy_backward_cuda(const KernelArgs& a) {
   const Tensor &g = a.in(0), &x = a.in(1), &target = a.in(2), &lse = a.in(3);
   const Tensor& gx = a.out(0);
   const auto& at = a.attr<CrossEntropyAttrs>();
+  visit_float(x.dtype(), "cross_entropy_backward", [](auto) {});  // F64 logits: NotImplemented (as above)
   AF_CHECK(lse.dtype() == DType::F32, "cross_entropy_backward: expected an F32 log-sum-exp, got {}",
            dtype_name(lse.dtype()));
   if (gx.numel() == 0) return;

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "ampforge/backends/cuda/gpu_testutil.h"
 #include "ampforge/core/attrs.h"
@@ -33,11 +35,21 @@ TEST(CudaSoftmax, ForwardAndBackwardOnEveryDim) {
 
 TEST(CudaSoftmax, LongRowsAndSpecialValues) {
   AF_SKIP_WITHOUT_CUDA();
-  for (int64_t D : {1, 31, 1024, 1025, 5000}) {  // warp rows up to 1024, block rows above
-    Tensor x = random_cpu(Shape{3, D}, DType::F32, 202, 4.0);
-    expect_matches_cpu(ops::softmax(to_cuda(x), 1), ops::softmax(x, 1), "softmax D=" + std::to_string(D));
-    expect_matches_cpu(ops::log_softmax(to_cuda(x), 1), ops::log_softmax(x, 1), "log_softmax D=" + std::to_string(D));
-  }
+  // Warp rows up to 1024, block rows above, forward and backward. The long rows' sums need double accumulation
+  // to stay inside the F32 tolerance (log_softmax_backward's sum(g) over 5000 elements).
+  for (DType dt : {DType::F32, DType::F16})
+    for (int64_t D : {1, 31, 1024, 1025, 5000}) {
+      const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(D);
+      Tensor x = random_cpu(Shape{3, D}, dt, 202, 4.0);
+      Tensor g = random_cpu(Shape{3, D}, dt, 212);
+      Tensor y = ops::softmax(x, 1), ly = ops::log_softmax(x, 1);
+      expect_matches_cpu(ops::softmax(to_cuda(x), 1), y, "softmax " + what);
+      expect_matches_cpu(ops::log_softmax(to_cuda(x), 1), ly, "log_softmax " + what);
+      expect_matches_cpu(ops::softmax_backward(to_cuda(g), to_cuda(y), 1), ops::softmax_backward(g, y, 1),
+                         "softmax_backward " + what);
+      expect_matches_cpu(ops::log_softmax_backward(to_cuda(g), to_cuda(ly), 1), ops::log_softmax_backward(g, ly, 1),
+                         "log_softmax_backward " + what);
+    }
   Tensor sp = Tensor::from_vector<float>({-INFINITY, 0, 1, -INFINITY, 1000, 1000, NAN, 1, 2}, Shape{3, 3});
   expect_matches_cpu(ops::softmax(to_cuda(sp), 1), ops::softmax(sp, 1), "softmax with -inf, large values, NaN");
   expect_matches_cpu(ops::log_softmax(to_cuda(sp), 1), ops::log_softmax(sp, 1), "log_softmax with -inf, large, NaN");
@@ -67,6 +79,32 @@ TEST(CudaCrossEntropy, ReductionsIgnoreIndexSmoothing) {
         Tensor go = red == Reduction::None ? random_cpu(c.loss.shape(), dt, 204) : ops::full(Shape{}, 1.5, dt);
         expect_matches_cpu(ops::cross_entropy_backward(to_cuda(go), to_cuda(x), to_cuda(t), g.lse, at),
                            ops::cross_entropy_backward(go, x, t, c.lse, at), "cross_entropy_backward " + what);
+      }
+}
+
+TEST(CudaCrossEntropy, ManyClassesWarpRows) {
+  AF_SKIP_WITHOUT_CUDA();
+  // C > 32: each lane of the row's warp walks several classes (the test above has C = 11 < 32 lanes).
+  const int64_t N = 9, C = 1000;
+  std::vector<int64_t> tv;
+  for (int64_t i = 0; i < N; ++i) tv.push_back(i == 4 ? -100 : (i * 337) % C);
+  Tensor t = Tensor::from_vector<int64_t>(tv);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (Reduction red : {Reduction::None, Reduction::Mean})
+      for (double eps : {0.0, 0.1}) {
+        Tensor x = random_cpu(Shape{N, C}, dt, 213, 2.0);
+        CrossEntropyAttrs at;
+        at.reduction = red;
+        at.label_smoothing = eps;
+        const std::string what = std::string(dtype_name(dt)) + " reduction " + std::to_string(static_cast<int>(red)) +
+                                 " eps " + std::to_string(eps);
+        auto c = ops::cross_entropy(x, t, at);
+        auto g = ops::cross_entropy(to_cuda(x), to_cuda(t), at);
+        expect_matches_cpu(g.loss, c.loss, "cross_entropy C=1000 loss " + what);
+        expect_matches_cpu(g.lse, c.lse, "cross_entropy C=1000 lse " + what);
+        Tensor go = red == Reduction::None ? random_cpu(c.loss.shape(), dt, 214) : ops::full(Shape{}, 1.5, dt);
+        expect_matches_cpu(ops::cross_entropy_backward(to_cuda(go), to_cuda(x), to_cuda(t), g.lse, at),
+                           ops::cross_entropy_backward(go, x, t, c.lse, at), "cross_entropy_backward C=1000 " + what);
       }
 }
 
