@@ -75,8 +75,8 @@ struct Nccl {
   cu_result (*EventDestroy)(cu_event) = nullptr;
   cu_result (*MemAlloc)(cu_ptr*, size_t) = nullptr;
   cu_result (*MemFree)(cu_ptr) = nullptr;
-  cu_result (*MemcpyHtoD)(cu_ptr, const void*, size_t) = nullptr;
-  cu_result (*MemcpyDtoH)(void*, cu_ptr, size_t) = nullptr;
+  cu_result (*MemcpyHtoDAsync)(cu_ptr, const void*, size_t, cu_stream) = nullptr;
+  cu_result (*MemcpyDtoHAsync)(void*, cu_ptr, size_t, cu_stream) = nullptr;
   cu_result (*GetErrorName)(cu_result, const char**) = nullptr;
   NcclStatus status;
 };
@@ -152,8 +152,8 @@ Nccl& nccl() {
     load_symbol(cu, "cuEventDestroy_v2", n.EventDestroy, missing);
     load_symbol(cu, "cuMemAlloc_v2", n.MemAlloc, missing);
     load_symbol(cu, "cuMemFree_v2", n.MemFree, missing);
-    load_symbol(cu, "cuMemcpyHtoD_v2", n.MemcpyHtoD, missing);
-    load_symbol(cu, "cuMemcpyDtoH_v2", n.MemcpyDtoH, missing);
+    load_symbol(cu, "cuMemcpyHtoDAsync_v2", n.MemcpyHtoDAsync, missing);
+    load_symbol(cu, "cuMemcpyDtoHAsync_v2", n.MemcpyDtoHAsync, missing);
     load_symbol(cu, "cuGetErrorName", n.GetErrorName, missing);
     if (!missing.empty()) {
       n.status.reason = "libcuda.so.1 lacks " + missing;
@@ -274,8 +274,8 @@ class NcclCommunicator final : public Communicator {
     check_tensor(out, "reduce_scatter output", true);
     check_reducible(in, "reduce_scatter");
     AF_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() * size(), "reduce_scatter (nccl): input {} x {}, "
-             "output {} x {}: expected the same dtype and input = world {} x output", in.numel(), dtype_name(in.dtype()),
-             out.numel(), dtype_name(out.dtype()), size());
+             "output {} x {}: expected the same dtype and input = world {} x output", in.numel(),
+             dtype_name(in.dtype()), out.numel(), dtype_name(out.dtype()), size());
     cu_stream s = begin();
     check(nccl().ReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), nccl_dtype(in.dtype()),
                                nccl_op(op), comm_, s), "ncclReduceScatter");
@@ -285,8 +285,8 @@ class NcclCommunicator final : public Communicator {
     check_tensor(in, "all_gather input", true);
     check_tensor(out, "all_gather output", true);
     AF_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * size(), "all_gather (nccl): input {} x {}, "
-             "output {} x {}: expected the same dtype and output = world {} x input", in.numel(), dtype_name(in.dtype()),
-             out.numel(), dtype_name(out.dtype()), size());
+             "output {} x {}: expected the same dtype and output = world {} x input", in.numel(),
+             dtype_name(in.dtype()), out.numel(), dtype_name(out.dtype()), size());
     cu_stream s = begin();
     check(nccl().AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.nbytes()), kNcclUint8, comm_, s),
           "ncclAllGather");
@@ -312,11 +312,14 @@ class NcclCommunicator final : public Communicator {
     // The compute stream may still be writing what the caller read before: order after it first.
     cu_stream s = begin();
     AF_CU(n.StreamSynchronize(s));
-    AF_CU(n.MemcpyHtoD(scratch_, in, bytes));
+    // Both copies on the NCCL stream, in its order. A plain cuMemcpyHtoD runs on the legacy default stream,
+    // which the non-blocking NCCL stream does not wait for, and from pageable memory it may return before
+    // the bytes reach the device (CUDA's "API synchronization behavior"): the all-gather could read stale ones.
+    AF_CU(n.MemcpyHtoDAsync(scratch_, in, bytes, s));
     check(n.AllGather(reinterpret_cast<void*>(scratch_), reinterpret_cast<void*>(scratch_ + bytes), bytes, kNcclUint8,
                       comm_, s), "ncclAllGather");
+    AF_CU(n.MemcpyDtoHAsync(out, scratch_ + bytes, bytes * static_cast<size_t>(size()), s));
     AF_CU(n.StreamSynchronize(s));
-    AF_CU(n.MemcpyDtoH(out, scratch_ + bytes, bytes * static_cast<size_t>(size())));
   }
 
  private:

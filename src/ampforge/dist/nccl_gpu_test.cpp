@@ -43,25 +43,43 @@ TEST(DistNccl, CollectivesOnAWorldOfOne) {
   const Device dev(DeviceType::CUDA, 0);
   for (DType d : {DType::F32, DType::F16, DType::BF16}) {
     Tensor host = ops::to_dtype(ops::arange(0, 1000, 1, DType::F32), d);
+    auto expect_host = [&](const Tensor& x, const char* what) {
+      const Tensor back = ops::to_device(x, kCPU);
+      EXPECT_EQ(std::memcmp(back.data_ptr(), host.data_ptr(), static_cast<size_t>(host.nbytes())), 0)
+          << what << " " << dtype_name(d);
+    };
     Tensor t = ops::to_device(host, dev);
-    WorkPtr w = c->all_reduce(t, ReduceOp::Avg);
-    w->wait();  // device-side: the copy below is ordered after it
-    Tensor back = ops::to_device(t, kCPU);
-    EXPECT_EQ(std::memcmp(back.data_ptr(), host.data_ptr(), static_cast<size_t>(host.nbytes())), 0) << dtype_name(d);
-    EXPECT_TRUE(w->is_completed());
+    for (ReduceOp op : {ReduceOp::Avg, ReduceOp::Sum, ReduceOp::Max}) {
+      WorkPtr w = c->all_reduce(t, op);
+      w->wait();  // device-side: the copy below is ordered after it
+      expect_host(t, reduce_op_name(op));
+      EXPECT_TRUE(w->is_completed());
+    }
+    // A fresh zero output for each collective, so that each one is checked on its own.
     Tensor out = ops::zeros({1000}, d, dev);
     c->all_gather(t, out)->wait();
+    expect_host(out, "all_gather");
+    out = ops::zeros({1000}, d, dev);
     c->reduce_scatter(t, out, ReduceOp::Sum)->wait();
+    expect_host(out, "reduce_scatter");
     c->broadcast(out, 0)->wait();
-    back = ops::to_device(out, kCPU);
-    EXPECT_EQ(std::memcmp(back.data_ptr(), host.data_ptr(), static_cast<size_t>(host.nbytes())), 0) << dtype_name(d);
+    expect_host(out, "broadcast");
   }
   EXPECT_EQ(c->all_gather_u64(42), std::vector<uint64_t>{42});
   c->barrier();
 }
 
+// Bit-for-bit equality of two runs needs kernels that repeat bit for bit: cuDNN's heuristics may choose an
+// atomics-based (non-deterministic) backward convolution, so both runs ask for deterministic algorithms only.
+struct DeterministicCudnn {
+  const bool before = cuda::cudnn_deterministic();
+  DeterministicCudnn() { cuda::set_cudnn_deterministic(true); }
+  ~DeterministicCudnn() { cuda::set_cudnn_deterministic(before); }
+};
+
 TEST(DistNccl, DataParallelWorldOfOneEqualsPlainTraining) {
   AF_REQUIRE_GPU_AND_NCCL();
+  const DeterministicCudnn deterministic;
   auto data = std::make_shared<data::SyntheticDataset>(64, Shape{1, 28, 28}, 10, 1);
   auto run = [&](CommunicatorPtr comm) {
     manual_seed(7);
