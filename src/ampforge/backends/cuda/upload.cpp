@@ -79,9 +79,16 @@ std::vector<Tensor> Uploader::upload(const std::vector<Tensor>& host, uint64_t* 
   DeviceState& s = device_state(device_);
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl::Buffer& buf = impl_->buffers[impl_->next++ % impl_->buffers.size()];
-  // The previous copy out of this buffer must be done before we overwrite it (a worker-side wait).
-  count_host_sync();
-  AF_CUDA_CHECK(cudaEventSynchronize(buf.done));
+  // The previous copy out of this buffer must be done before we overwrite it (a worker-side wait, counted only
+  // when there is one: with several buffers a copy of microseconds is long done, and counting every upload made
+  // `ampforge train --device cuda` report a host synchronisation per batch). A never-recorded event is complete.
+  const cudaError_t copied = cudaEventQuery(buf.done);
+  if (copied == cudaErrorNotReady) {
+    count_host_sync();
+    AF_CUDA_CHECK(cudaEventSynchronize(buf.done));
+  } else {
+    AF_CUDA_CHECK(copied);
+  }
   if (buf.capacity < total) {
     if (buf.host != nullptr) AF_CUDA_CHECK(cudaFreeHost(buf.host));
     buf.host = nullptr;
