@@ -95,7 +95,9 @@ TEST_P(CudaParity, MatchesCpu) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
   // F32 is compared at the F32 row of the tolerance table: cuDNN's TF32 convolutions (on by default, as in
   // PyTorch) round inputs to 10 mantissa bits and would exceed it. conv_gpu_test.cpp covers TF32 itself.
+  // Matmul's TF32 is off by default but AMPFORGE_ALLOW_TF32=1 in the environment turns it on: off here too.
   cuda::set_cudnn_allow_tf32(false);
+  cuda::set_allow_tf32(false);
   const parity::Case& c = *parity::find_case(GetParam());
   const std::vector<Tensor> values = parity::generate_inputs(c);
   int compared = 0;

@@ -54,8 +54,14 @@ Tensor StepGraph::run(nn::Module& model, tasks::Task& task, optim::Optimizer& op
   }
   if (options.schedule != nullptr) options.schedule->apply(options.global_step);
   opt.sync_hyperparams();  // the lr reaches the captured step through the device hyperparameters
+  // SGD's momentum has no device hyperparameter: the captured kernel keeps the value it had at capture. When it
+  // changed since (the scheduler's momentum warm-up, set_momentum), the graph is stale: capture the step again.
+  if (graph_ && opt.momentum() != momentum_) {
+    loss_ = Tensor();  // the old graph's output goes back to its pool before ~Graph empties the pool
+    graph_.reset();
+  }
   if (!graph_) {
-    // Capture once: the step is recorded, not run; the replay below runs it.
+    // Capture: the step is recorded, not run; the replay below runs it.
     StepOptions gopts = options;
     gopts.schedule = nullptr;
     auto graph = std::make_unique<cuda::Graph>(dev.index);
@@ -63,6 +69,7 @@ Tensor StepGraph::run(nn::Module& model, tasks::Task& task, optim::Optimizer& op
     const StepResult captured = train_step(model, task, opt, scaler, inputs_, gopts);
     graph->capture_end();
     loss_ = captured.loss_tensor;
+    momentum_ = opt.momentum();
     nodes_ = graph->num_nodes();
     kernels_ = graph->num_kernel_nodes();
     graph_ = std::move(graph);

@@ -5,7 +5,8 @@
 // The graph reads its inputs from static tensors and writes its loss into a static output, so each run
 // copies the step's batches into the static inputs first (on the compute stream, before the replay).
 // The learning rate reaches the captured optimizer kernel through the optimizer's device
-// hyperparameters, written before each replay (Optimizer::sync_hyperparams). The caller runs a few eager
+// hyperparameters, written before each replay (Optimizer::sync_hyperparams); SGD's momentum has none, so a
+// changed momentum (warm-up) makes run() capture the step again. The caller runs a few eager
 // steps first (kWarmupSteps): lazily created state (scaler, library handles, cuDNN/cuBLASLt algorithm
 // choices, the allocator's segments) must exist before capture.
 #pragma once
@@ -34,8 +35,9 @@ class StepGraph {
   // and dtypes of the captured ones (or anything, before the capture).
   bool fits(std::span<const data::Batch> micro) const;
   // Runs one step: copies `micro` into the static inputs, applies `options.schedule` for
-  // `options.global_step` and syncs the lr to the device, captures the step at the first call, replays
-  // it. Returns the step's loss (the graph's static output: read or copy it before the next run).
+  // `options.global_step` and syncs the lr to the device, captures the step at the first call (and anew
+  // when the momentum changed), replays it. Returns the step's loss (the graph's static output: read or
+  // copy it before the next run).
   // `options.read_loss` must be false (a captured step cannot synchronise).
   Tensor run(nn::Module& model, tasks::Task& task, optim::Optimizer& opt, amp::GradScaler& scaler,
              std::span<const data::Batch> micro, const StepOptions& options);
@@ -49,6 +51,7 @@ class StepGraph {
   std::unique_ptr<cuda::Graph> graph_;
   std::vector<data::Batch> inputs_;  // static inputs, one per micro-batch
   Tensor loss_;
+  double momentum_ = -1;  // opt.momentum() at capture (a replay uses that value)
   int64_t nodes_ = 0, kernels_ = 0, replays_ = 0;
 };
 

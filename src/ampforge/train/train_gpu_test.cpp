@@ -11,6 +11,7 @@
 #include "ampforge/data/data_loader.h"
 #include "ampforge/models/models.h"
 #include "ampforge/tasks/classification.h"
+#include "ampforge/train/graph_step.h"
 #include "ampforge/train/recipe.h"
 #include "ampforge/train/step.h"
 #include "ampforge/train/trainer.h"
@@ -19,6 +20,16 @@ using namespace ampforge;
 using namespace ampforge::testutil;
 
 namespace {
+
+// Tests that compare two runs step by step need the same bits from both: cuDNN's default algorithms may
+// accumulate with atomics (a run-to-run difference that F16 rounding and Adam's sign-like first steps amplify).
+struct DeterministicCudnn {
+  bool before = cuda::cudnn_deterministic();
+  DeterministicCudnn() { cuda::set_cudnn_deterministic(true); }
+  ~DeterministicCudnn() { cuda::set_cudnn_deterministic(before); }
+  DeterministicCudnn(const DeterministicCudnn&) = delete;
+  DeterministicCudnn& operator=(const DeterministicCudnn&) = delete;
+};
 
 // A classification batch (no detection targets).
 data::Batch batch_of(const Tensor& x, const Tensor& y) {
@@ -80,6 +91,7 @@ TEST(CudaTrainStep, GradScalerStepMakesNoHostSynchronisation) {
 
 TEST(CudaGraph, CapturedStepReplaysTheEagerLosses) {
   AF_SKIP_WITHOUT_CUDA();
+  const DeterministicCudnn deterministic;
   for (DType precision : {DType::F32, DType::F16}) {
     std::vector<std::pair<Tensor, Tensor>> data;
     for (int i = 0; i < 8; ++i) data.push_back(batch(i, kCuda0));
@@ -116,6 +128,45 @@ TEST(CudaGraph, CapturedStepReplaysTheEagerLosses) {
       EXPECT_NEAR(graphed[i], eager[i], 1e-6 * std::max(1.0, std::abs(eager[i])))
           << dtype_name(precision) << " step " << i << ": the graph replays the same kernels on the same data";
   }
+}
+
+// SGD's momentum is a value inside the captured kernel (it has no device hyperparameter): a changed momentum
+// (the scheduler's momentum warm-up) must reach the replayed steps as it reaches eager ones. StepGraph
+// captures the step again when it changed.
+TEST(CudaGraph, ChangedMomentumReachesTheReplayedSteps) {
+  AF_SKIP_WITHOUT_CUDA();
+  const DeterministicCudnn deterministic;
+  std::vector<std::pair<Tensor, Tensor>> data;
+  for (int i = 0; i < 8; ++i) data.push_back(batch(i, kCuda0));
+  auto momentum_at = [](int i) { return i < 5 ? 0.9 : i == 5 ? 0.5 : 0.7; };
+  auto run = [&](bool graphs) {
+    StepSetup s = make_setup(kCuda0, DType::F32);
+    s.opt.reset();
+    optim::SGDOptions so;
+    so.lr = 0.05;
+    so.momentum = 0.9;
+    s.opt = std::make_unique<optim::SGD>(s.model->parameters(), so);
+    train::StepGraph graph;
+    std::vector<double> losses;
+    for (int i = 0; i < 8; ++i) {
+      s.opt->set_momentum(momentum_at(i));
+      const data::Batch b = batch_of(data[i].first, data[i].second);
+      const std::span<const data::Batch> micro(&b, 1);
+      const Tensor loss = graphs && i >= train::StepGraph::kWarmupSteps
+                              ? graph.run(*s.model, s.task, *s.opt, *s.scaler, micro, s.so)
+                              : train::train_step(*s.model, s.task, *s.opt, *s.scaler, micro, s.so).loss_tensor;
+      losses.push_back(loss.item());
+    }
+    if (graphs) {
+      EXPECT_EQ(graph.replays(), 5) << "steps 3 to 7 ran as replays (steps 5 and 6 after a new capture)";
+    }
+    return losses;
+  };
+  const std::vector<double> eager = run(false), graphed = run(true);
+  ASSERT_EQ(graphed.size(), eager.size());
+  for (size_t i = 0; i < eager.size(); ++i)
+    EXPECT_NEAR(graphed[i], eager[i], 1e-6 * std::max(1.0, std::abs(eager[i])))
+        << "step " << i << ": momentum " << momentum_at(static_cast<int>(i));
 }
 
 TEST(CudaGraph, HostWorkInsideACaptureIsAClearError) {
@@ -170,6 +221,7 @@ TEST(CudaUploads, DeviceBatchesEqualTheCpuBatches) {
 
 TEST(CudaTrainer, LearnsLikeTheCpuWithAndWithoutGraphs) {
   AF_SKIP_WITHOUT_CUDA();
+  const DeterministicCudnn deterministic;  // the graphed run is compared with the eager one step by step
   train::TrainConfig c;
   c.dataset = "synthetic";
   c.synthetic_size = 1024;
