@@ -325,16 +325,24 @@ void CachingAllocator::split(Block* b, size_t size) {
 bool CachingAllocator::map_block(Block* b, StreamId stream) {
   Segment& s = *b->segment;
   const auto [first, last] = granules_of(s, b->addr, b->size);
+  // The granules already mapped here first: were an idle one of them still in idle_ when an unmapped one
+  // is filled, acquire_granule could move it away (a wait for its stream, an unmap and a map) and the
+  // block would then need a new physical granule for its old place.
   for (size_t i = first; i <= last; ++i) {
     Granule& g = s.granules[i];
-    if (g.live == 0) {
-      if (g.mapped) {
-        remove_idle(s, i);
-      } else if (!acquire_granule(s, i, stream)) {
-        for (size_t j = first; j < i; ++j)
-          if (--s.granules[j].live == 0) make_idle(s, j);
-        return false;
-      }
+    if (!g.mapped) continue;
+    if (g.live == 0) remove_idle(s, i);
+    ++g.live;
+  }
+  for (size_t i = first; i <= last; ++i) {
+    Granule& g = s.granules[i];
+    if (g.mapped) continue;
+    if (!acquire_granule(s, i, stream)) {
+      // Undo: every mapped granule of the span holds one reference of this block (the first loop or an
+      // acquisition here); i and the ones after it that are not mapped hold none.
+      for (size_t j = first; j <= last; ++j)
+        if (s.granules[j].mapped && --s.granules[j].live == 0) make_idle(s, j);
+      return false;
     }
     ++g.live;
   }
@@ -498,9 +506,15 @@ void CachingAllocator::wait_unlocked(std::unique_lock<std::mutex>& lock, bool pe
   // exception leaves allocate_on / empty_cache, whose unique_lock then has nothing to unlock.)
   for (StreamId s : streams) events_->synchronize_stream(s);
   lock.lock();
-  if (mutations_ == before)
-    for (StreamId s : streams)
-      if (std::find(synced_.begin(), synced_.end(), s) == synced_.end()) synced_.push_back(s);
+  if (mutations_ != before) {
+    // Another thread freed (after queueing work on the block) or allocated meanwhile: a stream waited for
+    // earlier in this call (quiesce) or by another call (which also shares synced_) may have new work on
+    // memory that is idle now. Forget them all; release_cached() waits again where it unmaps.
+    synced_.clear();
+    return;
+  }
+  for (StreamId s : streams)
+    if (std::find(synced_.begin(), synced_.end(), s) == synced_.end()) synced_.push_back(s);
 }
 
 void CachingAllocator::retire_used_block(Block* b) {

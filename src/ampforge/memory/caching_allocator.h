@@ -249,7 +249,8 @@ class CachingAllocator final : public Allocator {
   // Waits, with `lock` released, for the streams whose work keeps memory from being reused: those of the
   // idle granules and held blocks release_cached() would unmap, and with `pending` those of the blocks
   // waiting for other streams. The streams count as synchronised for this call (synced_) unless another
-  // thread changed the allocator meanwhile; release_cached() then waits for those itself.
+  // thread changed the allocator meanwhile; then no stream does (not even one waited for before the lock was
+  // released) and release_cached() waits for each again.
   void wait_unlocked(std::unique_lock<std::mutex>& lock, bool pending);
   uintptr_t granule_addr(const Segment& s, size_t index) const { return s.base + index * granule_; }
   bool acquire_granule(Segment& s, size_t index, StreamId stream);

@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "ampforge/memory/caching_allocator.h"
@@ -118,6 +123,65 @@ TEST(CudaProvider, AllocatorWaitsAreHostWaits) {
   a.empty_cache();
   cuda_stream_destroy(s1);
   cuda_stream_destroy(s2);
+}
+
+}  // namespace
+}  // namespace ampforge::memory
+
+namespace ampforge::memory {
+namespace {
+
+// The cross-stream rule with real events on the default configuration (cudaMalloc segments, CUDA events): a
+// block that another stream used is not handed out again while that stream's work queued before the free is
+// still running. The other stream is held busy by a host function that waits for the test (cuLaunchHostFunc),
+// so "still running" does not depend on a kernel's duration.
+TEST(CudaProvider, ABlockUsedOnAnotherStreamWaitsForItsEvent) {
+  SKIP_WITHOUT_GPU();
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr);
+  using HostFn = void (*)(void*);
+  auto launch_host_func = reinterpret_cast<int (*)(void*, HostFn, void*)>(dlsym(h, "cuLaunchHostFunc"));
+  auto stream_sync = reinterpret_cast<int (*)(void*)>(dlsym(h, "cuStreamSynchronize"));
+  ASSERT_TRUE(launch_host_func && stream_sync);
+  CudaProvider dev(0);
+  CudaStreamEvents events(0);
+  CachingAllocator a(dev, PolicyConfig::ampforge(), &events);
+  const StreamId s = cuda_stream_create(0);  // also leaves the device's primary context current here
+  struct Gate {
+    std::atomic<bool> open{false};
+  } gate;
+  // Waits (at most 20 s, so that a failing test cannot hang the stream forever) until the gate opens.
+  const HostFn wait_for_gate = [](void* g) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!static_cast<Gate*>(g)->open.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(launch_host_func(reinterpret_cast<void*>(s), wait_for_gate, &gate), 0);
+  struct Release {  // opens the gate and drains the stream however the test ends
+    Gate& g;
+    int (*sync)(void*);
+    StreamId s;
+    ~Release() {
+      g.open.store(true);
+      sync(reinterpret_cast<void*>(s));
+      cuda_stream_destroy(s);
+    }
+  } release{gate, stream_sync, s};
+
+  void* p = a.allocate_on(64 << 10, 0);
+  a.record_stream(p, s);
+  a.free(p);  // s is blocked behind the gate: p's event on s cannot have completed
+  AllocatorStats st = a.stats();
+  EXPECT_GT(st.active.current, st.allocated.current) << "p counts as active while it waits for s";
+  void* q = a.allocate_on(64 << 10, 0);
+  EXPECT_NE(q, p) << "p was handed out again while stream s may still use it";
+  gate.open.store(true);
+  ASSERT_EQ(stream_sync(reinterpret_cast<void*>(s)), 0);
+  a.free(q);
+  void* r = a.allocate_on(64 << 10, 0);  // this call sees p's event complete and gives p back to the pool
+  st = a.stats();
+  EXPECT_EQ(st.active.current, st.allocated.current) << "p's wait ended with s's work";
+  a.free(r);
 }
 
 }  // namespace
