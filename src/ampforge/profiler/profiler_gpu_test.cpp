@@ -1,14 +1,25 @@
 // GPU: a real kernel, a real memcpy and a real memset show up in CUPTI's activity with the right kind,
 // bytes, and a launch that maps back to the calling thread. The driver API is loaded with dlopen (nothing
-// CUDA is linked); the kernel is PTX JIT-compiled by the driver. Skips without a GPU.
+// CUDA is linked); the kernel is PTX JIT-compiled by the driver. Then the two ways the project collects:
+// a Session in a process whose CUDA context already exists (train --profile on CUDA), and `ampforge profile`
+// (the driver loads the injection library during the child's cuInit). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/ops/ops.h"
 #include "ampforge/profiler/activity_file.h"
 #include "ampforge/profiler/device.h"
 #include "ampforge/profiler/profiler.h"
@@ -130,6 +141,74 @@ TEST(ProfilerGpu, KernelMemcpyAndMemsetAreObserved) {
   EXPECT_GT(rep.busy_ns, 0);
   EXPECT_EQ(rep.kernels.empty(), false);
   std::remove(path.c_str());
+}
+
+// The in-process path of `train --profile` on CUDA: CUPTI attaches to a context that already ran work, and
+// the backend's kernels (launched through the runtime API) map back to the ops that launched them.
+TEST(ProfilerGpu, SessionMapsTheBackendsKernelsToTheirOps) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  ASSERT_FALSE(cupti_injection_library().empty()) << "a GPU is present but the CUPTI injection library was not built";
+  const Device dev(DeviceType::CUDA, 0);
+  const Tensor x = ops::to_device(ops::arange(0, 4096, 1, DType::F32), dev);  // the context exists before
+  cuda::synchronize(0);
+  SessionOptions o;
+  o.memory_device = dev;
+  Session session(o);
+  session.start();
+  const Tensor y = ops::add_scalar(ops::mul_scalar(x, 2.0), 1.0);
+  cuda::synchronize(0);  // every kernel complete before CUPTI's final flush
+  const ProfileData data = session.stop();
+  EXPECT_TRUE(data.device_observed) << data.device_note;
+  EXPECT_EQ(ops::to_device(y, kCPU).tolist<float>()[4095], 8191.0f);
+  const Report rep = compute_report(data);
+  ASSERT_FALSE(rep.kernels.empty()) << "no kernel observed; note: " << data.device_note;
+  std::set<std::string> ops_seen;
+  for (const TimeStat& op : rep.ops) ops_seen.insert(op.name);
+  int mapped = 0;
+  for (const TimeStat& k : rep.kernels) {
+    if (k.op.empty()) continue;
+    ++mapped;
+    EXPECT_TRUE(ops_seen.count(k.op)) << "kernel " << k.name << " mapped to op " << k.op << ", not a recorded op";
+  }
+  EXPECT_GT(mapped, 0) << "no kernel maps back to the op that launched it";
+  EXPECT_GT(rep.busy_ns, 0);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// `ampforge profile -- ampforge train --device cuda --profile`: the driver loads the injection library in
+// the child's cuInit (CUDA_INJECTION64_PATH), the file is completed at the child's exit (atexit), and the
+// child's host ranges are merged, so kernels map to ops.
+TEST(ProfilerGpu, ProfileCommandObservesAChildsCudaTraining) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+  ASSERT_FALSE(cupti_injection_library().empty()) << "a GPU is present but the CUPTI injection library was not built";
+  const std::string bin = std::string(AMPFORGE_BINARY_DIR) + "/bin/ampforge";
+  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " was not built";
+  const std::string dir = ::testing::TempDir();
+  const std::string out = dir + "/af_prof_gpu_child.out", err = dir + "/af_prof_gpu_child.err";
+  const std::string cmd = bin + " profile --json -- " + bin +
+                          " train --device cuda --dataset synthetic --synthetic-size 256 --batch 32 --epochs 1"
+                          " --max-steps 4 --no-progress --profile >" + out + " 2>" + err;
+  const int status = std::system(cmd.c_str());
+  const std::string o = slurp(out), e = slurp(err);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << e;
+  const nlohmann::json j = nlohmann::json::parse(o);  // the child prints nothing on stdout
+  EXPECT_EQ(j["exit_code"], 0);
+  const nlohmann::json& d = j["device"];
+  ASSERT_TRUE(d["observed"].get<bool>()) << d.dump() << "\n" << e;
+  ASSERT_FALSE(d["kernels"].empty()) << d.dump() << "\n" << e;
+  int mapped = 0;
+  for (const auto& k : d["kernels"]) mapped += !k.value("op", std::string()).empty();
+  EXPECT_GT(mapped, 0) << "no kernel maps back to an op of the child: " << d["kernels"].dump();
+  EXPECT_GT(j["op_calls"].get<int64_t>(), 0);
+  EXPECT_GT(d["busy_ns"].get<int64_t>(), 0);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
 }
 
 }  // namespace

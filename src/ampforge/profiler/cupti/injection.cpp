@@ -6,19 +6,22 @@
 //     path comes from $AMPFORGE_CUPTI_OUTPUT and the file is closed at process exit (atexit).
 //   - dlopen + ampforge_cupti_start(path) / ampforge_cupti_stop(): a profiler Session in the same process.
 //
-// Records: concurrent kernels, memcpy, memset, synchronisation, runtime and driver API calls. CUPTI's
-// timestamps are replaced by CLOCK_MONOTONIC (cuptiActivityRegisterTimestampCallback) so they share the
-// host ranges' clock. A callback on API entry records which OS thread made each call (I lines), so kernels
-// map back to the op range that launched them. Completed buffers go to a queue drained by a writer thread;
-// CUPTI's own worker delivers them (flush period 100 ms, forced flush at stop).
+// Records: concurrent kernels, memcpy (peer-to-peer copies are a kind of their own), memset, synchronisation,
+// runtime and driver API calls. CUPTI's timestamps are replaced by CLOCK_MONOTONIC
+// (cuptiActivityRegisterTimestampCallback) so they share the host ranges' clock. A callback on API entry
+// records which OS thread made each call (I lines), so kernels map back to the op range that launched them.
+// Completed buffers go to a queue drained by a writer thread; CUPTI's own worker delivers them (flush period
+// 100 ms, forced flush at stop).
 //
 // This file is standalone on purpose (no libampforge): it is loaded into arbitrary CUDA programs.
 #include <cupti.h>
 #include <cxxabi.h>
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -36,9 +39,11 @@
 namespace {
 
 constexpr size_t kBufferBytes = 8u << 20;
+constexpr size_t kIdsBeforeWake = 4096;  // pending I lines that wake the writer without a completed buffer
 constexpr CUpti_ActivityKind kKinds[] = {
-    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,  CUPTI_ACTIVITY_KIND_MEMSET,
-    CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,   CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
+    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,  CUPTI_ACTIVITY_KIND_MEMCPY2,
+    CUPTI_ACTIVITY_KIND_MEMSET,            CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+    CUPTI_ACTIVITY_KIND_RUNTIME,           CUPTI_ACTIVITY_KIND_DRIVER,
 };
 
 struct State {
@@ -46,6 +51,8 @@ struct State {
   std::condition_variable cv;
   FILE* out = nullptr;
   bool running = false, stopping = false;
+  pid_t pid = 0;  // the process that started collecting (a forked child inherits the state, not the threads)
+  size_t untimed = 0;  // device records without usable timestamps, skipped (writer thread; read after join)
   std::deque<std::pair<uint8_t*, size_t>> completed;   // (buffer, valid bytes)
   std::vector<std::pair<uint32_t, int64_t>> corr_tid;  // (correlation id, OS thread id)
   std::thread writer;
@@ -114,25 +121,54 @@ const char* sync_type(CUpti_ActivitySynchronizationType t) {
 
 using ull = unsigned long long;
 
-void write_records(FILE* f, uint8_t* buffer, size_t valid) {
+// A device record CUPTI could not time: start 0 (no device memory for the timestamps, or still incomplete
+// at the forced flush of an early stop) or an end before the start.
+bool untimed(uint64_t start, uint64_t end) { return start == 0 || end < start; }
+
+// Returns the number of device records skipped because they carry no usable timestamps.
+size_t write_records(FILE* f, uint8_t* buffer, size_t valid) {
+  size_t skipped = 0;
   CUpti_Activity* rec = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     switch (rec->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+        if (untimed(k->start, k->end)) {
+          ++skipped;
+          break;
+        }
         std::fprintf(f, "K\t%u\t%u\t%llu\t%llu\t%u\t%s\n", k->deviceId, k->streamId, static_cast<ull>(k->start),
                      static_cast<ull>(k->end), k->correlationId, demangle(k->name).c_str());
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        if (untimed(m->start, m->end)) {
+          ++skipped;
+          break;
+        }
         std::fprintf(f, "M\t%u\t%u\t%llu\t%llu\t%u\t%llu\t%s\n", m->deviceId, m->streamId, static_cast<ull>(m->start),
                      static_cast<ull>(m->end), m->correlationId, static_cast<ull>(m->bytes), copy_kind(m->copyKind));
         break;
       }
+      case CUPTI_ACTIVITY_KIND_MEMCPY2: {  // between two devices (CUPTI_ACTIVITY_KIND_MEMCPY has none of these)
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(rec);
+        if (untimed(m->start, m->end)) {
+          ++skipped;
+          break;
+        }
+        std::fprintf(f, "M\t%u\t%u\t%llu\t%llu\t%u\t%llu\tPtoP\n", m->deviceId, m->streamId,
+                     static_cast<ull>(m->start), static_cast<ull>(m->end), m->correlationId,
+                     static_cast<ull>(m->bytes));
+        break;
+      }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        if (untimed(m->start, m->end)) {
+          ++skipped;
+          break;
+        }
         std::fprintf(f, "S\t%u\t%u\t%llu\t%llu\t%u\t%llu\n", m->deviceId, m->streamId, static_cast<ull>(m->start),
                      static_cast<ull>(m->end), m->correlationId, static_cast<ull>(m->bytes));
         break;
@@ -157,13 +193,14 @@ void write_records(FILE* f, uint8_t* buffer, size_t valid) {
       default: break;
     }
   }
+  return skipped;
 }
 
 void writer_loop() {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
-    s.cv.wait(lock, [&] { return s.stopping || !s.completed.empty() || s.corr_tid.size() > 4096; });
+    s.cv.wait(lock, [&] { return s.stopping || !s.completed.empty() || s.corr_tid.size() > kIdsBeforeWake; });
     auto buffers = std::move(s.completed);
     s.completed.clear();
     auto ids = std::move(s.corr_tid);
@@ -173,11 +210,13 @@ void writer_loop() {
     lock.unlock();
     // I lines first: the reader resolves thread ids after reading everything, so order does not matter.
     for (const auto& [corr, tid] : ids) std::fprintf(f, "I\t%u\t%lld\n", corr, static_cast<long long>(tid));
+    size_t skipped = 0;
     for (auto& [buf, valid] : buffers) {
-      write_records(f, buf, valid);
+      skipped += write_records(f, buf, valid);
       std::free(buf);
     }
     lock.lock();
+    s.untimed += skipped;
     if (done && s.completed.empty() && s.corr_tid.empty()) return;
   }
 }
@@ -203,8 +242,13 @@ void CUPTIAPI api_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId,
   if (info->callbackSite != CUPTI_API_ENTER) return;
   thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.corr_tid.emplace_back(info->correlationId, tid);
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.corr_tid.emplace_back(info->correlationId, tid);
+    wake = s.corr_tid.size() == kIdsBeforeWake + 1;  // else only a completed buffer would drain them
+  }
+  if (wake) s.cv.notify_one();
 }
 
 }  // namespace
@@ -237,6 +281,8 @@ AF_EXPORT int ampforge_cupti_start(const char* path) {
   ok(cuptiActivityFlushPeriod(100), "cuptiActivityFlushPeriod");
   std::fprintf(s.out, "B\t%llu\n", static_cast<ull>(monotonic_ns()));
   s.stopping = false;
+  s.untimed = 0;
+  s.pid = ::getpid();
   s.running = true;
   s.writer = std::thread(writer_loop);
   return 0;
@@ -248,6 +294,9 @@ AF_EXPORT int ampforge_cupti_stop() {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.running) return 0;
+    // A forked child that exits normally runs the parent's atexit handler: it has no writer thread to join
+    // and shares the parent's file (its copy of the stdio buffer would be written twice). Leave both alone.
+    if (s.pid != ::getpid()) return 0;
   }
   const uint64_t end = monotonic_ns();
   ok(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
@@ -262,8 +311,9 @@ AF_EXPORT int ampforge_cupti_stop() {
   s.writer.join();
   std::lock_guard<std::mutex> lock(s.mu);
   size_t dropped = 0;
-  if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0)
-    std::fprintf(s.out, "D\t%zu\n", dropped);
+  if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) != CUPTI_SUCCESS) dropped = 0;
+  dropped += s.untimed;  // records without timestamps are as good as dropped
+  if (dropped > 0) std::fprintf(s.out, "D\t%zu\n", dropped);
   std::fprintf(s.out, "E\t%llu\n", static_cast<ull>(end));
   std::fclose(s.out);
   s.out = nullptr;
@@ -280,6 +330,17 @@ AF_EXPORT int InitializeInjection(void) {
     std::fprintf(stderr, "ampforge-cupti: AMPFORGE_CUPTI_OUTPUT is not set; nothing is collected\n");
     return 1;
   }
+  // The variables reach every descendant of the profiled program (the ranks `ampforge launch` or mpirun
+  // starts, a Python child): only the first CUDA process gets the file, which the others would truncate
+  // and interleave their lines into.
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    std::fprintf(stderr, "ampforge-cupti: %s: %s; this process (%d) is not collected\n", path,
+                 errno == EEXIST ? "another process of the profiled program writes it" : std::strerror(errno),
+                 static_cast<int>(::getpid()));
+    return 1;
+  }
+  ::close(fd);
   if (ampforge_cupti_start(path) == 0) std::atexit([] { ampforge_cupti_stop(); });
   return 1;
 }
