@@ -274,6 +274,21 @@ void Optimizer::note_stepped(size_t group) {
   groups_[group].synced_version = groups_[group].flat_params.storage()->version();
 }
 
+std::vector<char> Optimizer::masters_in_sync() const {
+  std::vector<char> in_sync;
+  for (const ParamGroup& g : groups_)
+    in_sync.push_back(g.master.defined() && still_bound(g) && g.flat_params.storage()->version() == g.synced_version);
+  return in_sync;
+}
+
+void Optimizer::keep_masters_after_restore(const std::vector<char>& in_sync_before) {
+  AF_CHECK(in_sync_before.size() == groups_.size(), "keep_masters_after_restore: {} flags for {} groups",
+           in_sync_before.size(), groups_.size());
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (in_sync_before[i] != 0 && still_bound(groups_[i]))
+      groups_[i].synced_version = groups_[i].flat_params.storage()->version();
+}
+
 void Optimizer::ensure_bound(bool write_zeros) {
   autograd::NoGradGuard ng;
   if (write_zeros) write_zero_grads();  // the caller reads the flat gradient buffers

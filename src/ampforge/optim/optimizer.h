@@ -134,6 +134,14 @@ class Optimizer {
   // Elements of group i's flat buffers without a sharded layout's padding.
   int64_t unpadded_size(size_t group) const;
 
+  // A temporary overwrite of the parameters that ends with their exact values written back (a weight average
+  // swapped in for an evaluation, train/ema.h) is no outside write: the F32 master weights still match them.
+  // Without telling the optimizer, its next step would restart the masters from the 16-bit parameters and drop
+  // the bits rounding to 16 bits had cut off. masters_in_sync() before the overwrite; after the write-back,
+  // keep_masters_after_restore(that) marks the groups whose master matched then as matching now.
+  std::vector<char> masters_in_sync() const;
+  void keep_masters_after_restore(const std::vector<char>& in_sync_before);
+
   // Optimizer state (flat buffers and step counts), for checkpoints. Names: "group<i>.<buffer>". Sharded,
   // the per-element buffers are this rank's shard (train/data_parallel.h gathers them for a checkpoint,
   // without the padding); loading takes this rank's part of an unpadded buffer, so a checkpoint moves

@@ -338,7 +338,13 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // the split are not reported).
   auto run_eval = [&]() -> std::optional<tasks::Metrics> {
     tasks::Metrics m;
-    if (rank == 0) m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
+    if (rank == 0) {
+      // The weight average is swapped in and the model's own weights written back: the same values, so F32
+      // masters (--master-weights) stay as they are instead of restarting from the 16-bit parameters.
+      const std::vector<char> masters = opt.masters_in_sync();
+      m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
+      if (ema) opt.keep_masters_after_restore(masters);
+    }
     if (dp) m = broadcast_metrics(dp->comm(), m);
     if (stop_agreed()) return std::nullopt;
     return m;
@@ -549,6 +555,15 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     // The epoch's checkpoint before its evaluation, which changes nothing the checkpoint holds (the evaluators draw
     // from generators of their own): a Ctrl-C during a long evaluation then loses nothing.
     save({epoch + 1, 0, pos.global_step});
+    // A stop the step loop did not act on: CUDA data-parallel ranks vote only at loss reads, which an epoch shorter
+    // than --loss-read-interval never reaches (the epoch-end read above is not one). The epoch is complete and
+    // saved; no evaluation (the user wants out), as a stop during it would give none either.
+    if (stop_agreed()) {
+      ++r.epochs_completed;
+      stop_interrupted();
+      bar.finish("stopped: interrupted");
+      break;
+    }
     std::string eval_text;
     if (eval_loader) {
       std::optional<tasks::Metrics> m = run_eval();

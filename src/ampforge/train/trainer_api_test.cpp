@@ -498,6 +498,26 @@ TEST(TrainerApi, SummedAccumulationAddsTheMicroBatchGradients) {
   EXPECT_LE(worst, 1e-3 * largest) << "summed: twice the averaged step (up to the weights' F32 rounding)";
 }
 
+// Evaluating the weight average swaps it into the model and writes the model's own weights back: with
+// --master-weights the F32 masters must survive that (they did not: the next step restarted them from the BF16
+// parameters). Training with an evaluation after every epoch then gives the same losses as training without.
+TEST(TrainerApi, EvaluatingTheWeightAverageKeepsTheMasterWeights) {
+  auto run = [](bool evaluate) {
+    manual_seed(9);
+    train::TrainerOptions o = quiet_options();
+    o.precision = DType::BF16;
+    o.master_weights = true;
+    o.ema = {true, 0.9, 0};
+    o.epochs = 3;
+    train::Trainer t(std::make_shared<Mlp>(), std::make_shared<BrierTask>(), adamw(1e-3), o);
+    return t.fit(std::make_shared<PointsDataset>(256, 7),
+                 evaluate ? std::make_shared<PointsDataset>(64, 8) : nullptr).losses;
+  };
+  const std::vector<double> plain = run(false), evaluated = run(true);
+  ASSERT_EQ(plain.size(), 24u);
+  EXPECT_EQ(evaluated, plain);
+}
+
 TEST(TrainerApi, WeightAverageIsEvaluatedSavedAndResumed) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("ampforge_ema_" + std::to_string(::getpid()) + ".safetensors")).string();
