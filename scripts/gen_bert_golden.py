@@ -89,7 +89,7 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, ids):
-        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
         x = self.word_embeddings(ids) + self.token_type_embeddings(torch.zeros_like(ids))
         x = x + self.position_embeddings(pos)
         return self.dropout(self.LayerNorm(x))

@@ -276,10 +276,11 @@ class TaskAlignedAssigner:
     def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt):
         na = pd_bboxes.shape[-2]
         mask_gt = mask_gt.bool()
-        overlaps = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_bboxes.dtype)
-        bbox_scores = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_scores.dtype)
-        ind = torch.zeros([2, self.bs, self.n_max_boxes], dtype=torch.long)
-        ind[0] = torch.arange(end=self.bs).view(-1, 1).expand(-1, self.n_max_boxes)
+        dev = pd_bboxes.device
+        overlaps = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_bboxes.dtype, device=dev)
+        bbox_scores = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_scores.dtype, device=dev)
+        ind = torch.zeros([2, self.bs, self.n_max_boxes], dtype=torch.long, device=dev)
+        ind[0] = torch.arange(end=self.bs, device=dev).view(-1, 1).expand(-1, self.n_max_boxes)
         ind[1] = gt_labels.squeeze(-1)
         bbox_scores[mask_gt] = pd_scores[ind[0], :, ind[1]][mask_gt]
         pd_boxes = pd_bboxes.unsqueeze(1).expand(-1, self.n_max_boxes, -1, -1)[mask_gt]
@@ -291,7 +292,7 @@ class TaskAlignedAssigner:
     def select_topk_candidates(self, metrics, topk_mask):
         topk_metrics, topk_idxs = torch.topk(metrics, self.topk, dim=-1, largest=True)
         topk_idxs.masked_fill_(~topk_mask, 0)
-        count = torch.zeros(metrics.shape, dtype=torch.int8)
+        count = torch.zeros(metrics.shape, dtype=torch.int8, device=metrics.device)
         ones = torch.ones_like(topk_idxs[:, :, :1], dtype=torch.int8)
         for k in range(self.topk):
             count.scatter_add_(-1, topk_idxs[:, :, k:k + 1], ones)
@@ -299,13 +300,13 @@ class TaskAlignedAssigner:
         return count.to(metrics.dtype)
 
     def get_targets(self, gt_labels, gt_bboxes, target_gt_idx, fg_mask):
-        batch_ind = torch.arange(end=self.bs, dtype=torch.int64)[..., None]
+        batch_ind = torch.arange(end=self.bs, dtype=torch.int64, device=gt_labels.device)[..., None]
         target_gt_idx = target_gt_idx + batch_ind * self.n_max_boxes
         target_labels = gt_labels.long().flatten()[target_gt_idx]
         target_bboxes = gt_bboxes.view(-1, gt_bboxes.shape[-1])[target_gt_idx]
         target_labels.clamp_(0)
         target_scores = torch.zeros((target_labels.shape[0], target_labels.shape[1], self.num_classes),
-                                    dtype=torch.int64)
+                                    dtype=torch.int64, device=target_labels.device)
         target_scores.scatter_(2, target_labels.unsqueeze(-1), 1)
         fg_scores_mask = fg_mask[:, :, None].repeat(1, 1, self.num_classes)
         target_scores = torch.where(fg_scores_mask > 0, target_scores, 0)
@@ -324,7 +325,7 @@ class TaskAlignedAssigner:
         if fg_mask.max() > 1:
             mask_multi_gts = (fg_mask.unsqueeze(1) > 1).expand(-1, self.n_max_boxes, -1)
             max_overlaps_idx = overlaps.argmax(1)
-            is_max_overlaps = torch.zeros(mask_pos.shape, dtype=mask_pos.dtype)
+            is_max_overlaps = torch.zeros(mask_pos.shape, dtype=mask_pos.dtype, device=mask_pos.device)
             is_max_overlaps.scatter_(1, max_overlaps_idx.unsqueeze(1), 1)
             mask_pos = torch.where(mask_multi_gts, is_max_overlaps, mask_pos).float()
             fg_mask = mask_pos.sum(-2)
@@ -339,14 +340,15 @@ def detection_loss(feats, strides, targets, nc, dtype):
     pred_distri, pred_scores = torch.cat([xi.view(b, no, -1) for xi in feats], 2).split((REG_MAX * 4, nc), 1)
     pred_scores = pred_scores.permute(0, 2, 1).contiguous()
     pred_distri = pred_distri.permute(0, 2, 1).contiguous()
-    imgsz = torch.tensor(feats[0].shape[2:], dtype=dtype) * strides[0]
+    dev = feats[0].device  # every tensor made here on the features' device (the bench's peer runs this on CUDA)
+    imgsz = torch.tensor(feats[0].shape[2:], dtype=dtype, device=dev) * strides[0]
     anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
-    t = targets.to(dtype).clone()
+    t = targets.to(dev, dtype).clone()
     gt_labels = t[..., :1]
     xywh = t[..., 1:5] * imgsz[[1, 0, 1, 0]]
     gt_bboxes = torch.cat((xywh[..., :2] - xywh[..., 2:] / 2, xywh[..., :2] + xywh[..., 2:] / 2), -1)
     mask_gt = ((t[..., 3] > 0) & (t[..., 4] > 0)).unsqueeze(-1).to(dtype)  # padding rows are zeros
-    proj = torch.arange(REG_MAX, dtype=dtype)
+    proj = torch.arange(REG_MAX, dtype=dtype, device=dev)
     bb, a, c = pred_distri.shape
     pred_bboxes = dist2bbox(pred_distri.view(bb, a, 4, c // 4).softmax(3).matmul(proj), anchor_points, xywh=False)
     assigner = TaskAlignedAssigner(topk=10, num_classes=nc, alpha=0.5, beta=6.0)
@@ -354,7 +356,7 @@ def detection_loss(feats, strides, targets, nc, dtype):
         pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype),
         anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt)
     target_scores_sum = max(target_scores.sum(), 1)
-    loss = torch.zeros(3, dtype=dtype)
+    loss = torch.zeros(3, dtype=dtype, device=dev)
     loss[1] = F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(dtype), reduction="none").sum() / target_scores_sum
     if fg_mask.sum():
         target_bboxes = target_bboxes / stride_tensor

@@ -7,16 +7,18 @@
                                 [--serve]
 
 The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
-fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through torch.cuda.amp.GradScaler for fp16),
+fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through the CUDA GradScaler for fp16),
 optimizer step (SGD momentum 0.9 or AdamW, lr 1e-3), on a fixed synthetic batch of the same shapes. The
 reference models are defined as ampforge's are (torchvision's resnet50; the small CNN of models/small.cpp) and
 report their parameter count, so a reader can check both sides train the same model. PyTorch runs at its best:
 for image models both memory formats are timed and the faster is "best". CUDA steps are timed with CUDA
 events; "fp32" is true FP32 (TF32 off for cuBLAS and cuDNN), "tf32" turns both on. A run that cannot work
-(e.g. PyTorch 1.13's CPU autocast has no float16) prints {"error": ...} and exits 0, so the caller shows it.
+(e.g. PyTorch 1.13's CPU autocast has no float16, a package missing) prints {"error": ...} and exits 0, so the
+caller shows it; a memory format that fails while the other runs is named in "errors".
 """
 import argparse
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -100,7 +102,7 @@ def detection(name, a, memory_format):
     if memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    strides = model.model[22].stride
+    strides = model.model[22].stride  # a plain attribute: stays on the CPU (read as Python numbers and a scalar)
 
     def loss_fn(m, b):
         feats = [f.float() for f in m(b[0])]
@@ -143,7 +145,13 @@ def prepare(a, memory_format):
         torch.backends.cudnn.benchmark = True
     elif a.precision == "tf32":
         raise RuntimeError("tf32 is a CUDA tensor-core mode")
-    scaler = torch.cuda.amp.GradScaler(enabled=cuda and a.precision == "fp16")
+    # torch.amp.GradScaler("cuda") from PyTorch 2.3 (torch.cuda.amp.GradScaler is deprecated there: a FutureWarning);
+    # the same class under its old name before.
+    fp16_scaling = cuda and a.precision == "fp16"
+    if hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cuda", enabled=fp16_scaling)
+    else:
+        scaler = torch.cuda.amp.GradScaler(enabled=fp16_scaling)
     if not cuda and a.precision == "fp16":
         # PyTorch 1.13's CPU autocast supports bfloat16 only; a newer one may accept float16.
         with torch.autocast("cpu", dtype=torch.float16):
@@ -176,20 +184,39 @@ def summary(times, cpu, params, losses, batch):
     return out
 
 
+def release_cached(device):
+    """Gives the caching allocator's free blocks back and restarts its peaks, as ampforge's bench does for its own
+    (src/ampforge/train/benchmark.cpp), so that both memory columns hold what the steps need."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+
+
 def run(a, memory_format):
+    if a.device.startswith("cuda"):
+        gc.collect()  # the other memory format's model, optimizer and activations, then their cached blocks
+        torch.cuda.empty_cache()
     step, params, losses, cuda = prepare(a, memory_format)
-    for _ in range(a.warmup):
+    # CUDA: the cache is emptied and the peaks restarted before the last warm-up step, as ampforge does: that step
+    # pays the cudaMalloc calls (not the first timed one) and the first warm-up step's cuDNN algorithm search (its
+    # trial workspaces) stays out of the peaks; with a single warm-up step, after it.
+    release_before = a.warmup - 1 if cuda and a.warmup >= 2 else -1
+    for i in range(a.warmup):
+        if i == release_before:
+            release_cached(a.device)
         step()
     times, cpu = [], []
     if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize(a.device)
+        if release_before < 0:
+            release_cached(a.device)
+        # Recorded on the current stream of the current device (main() selects a.device): the stream the steps use.
         events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
         events[0].record()
         for i in range(a.steps):
             step()
             events[i + 1].record()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(a.device)
         times = [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(a.steps)]
     else:
         for _ in range(a.steps):
@@ -198,8 +225,8 @@ def run(a, memory_format):
             cpu.append(c)
     out = summary(times, cpu, params, losses, a.batch)
     if cuda:
-        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(a.device)
+        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(a.device)
     return out
 
 
@@ -232,6 +259,15 @@ def serve(a, formats, out):
             out["results"][fmt] = summary(times, cpu, params, losses, a.batch)
 
 
+def reason(e):
+    """An exception's first line, for the table; its type too where the message alone would not say what failed
+    (ModuleNotFoundError: No module named 'torchvision')."""
+    msg = (str(e).strip().splitlines() or [""])[0]
+    if msg and isinstance(e, (RuntimeError, ValueError, AssertionError)):
+        return msg
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
@@ -251,22 +287,30 @@ def main():
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device, "results": {}}
-    if a.device.startswith("cuda") and torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(torch.device(a.device))
     formats = ["nchw", "channels_last"] if a.memory_format == "both" else [a.memory_format]
     if a.model in BERT:
         formats = ["default"]  # token ids: no memory format
     try:
+        if a.device.startswith("cuda") and torch.cuda.is_available():
+            dev = torch.device(a.device)
+            # The current device is what the timing events, synchronize(), empty_cache() and the memory statistics
+            # act on by default: for cuda:N it must be N, not 0.
+            if dev.index is not None:
+                torch.cuda.set_device(dev)
+            out["gpu"] = torch.cuda.get_device_name(dev)
         if a.serve:
             serve(a, formats, out)
         else:
             for fmt in formats:
-                out["results"][fmt] = run(a, fmt)
+                try:
+                    out["results"][fmt] = run(a, fmt)
+                except Exception as e:  # e.g. out of memory in one format: the other may still run
+                    out.setdefault("errors", {})[fmt] = reason(e)
         if not out["results"]:
-            raise ValueError("no step was timed")
+            raise ValueError(next(iter(out.get("errors", {}).values()), "no step was timed"))
         out["best"] = min(out["results"], key=lambda k: out["results"][k]["median"])
-    except (RuntimeError, ValueError, AssertionError) as e:
-        out["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    except Exception as e:  # a missing package (torchvision, numpy) too: the caller shows the reason
+        out["error"] = reason(e)
     print(json.dumps(out))
     return 0
 

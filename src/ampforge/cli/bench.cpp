@@ -28,6 +28,7 @@
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/hw/host_probe.h"
 #include "ampforge/hw/subprocess.h"
+#include "ampforge/memory/caching_allocator.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/models/registry.h"
 #include "ampforge/profiler/report.h"
@@ -165,31 +166,37 @@ BenchSide parse_peer_result(const hw::SubprocessResult& r, const std::string& sc
                             : fmt::format("the peer script exited with code {} (run {} by hand)", r.exit_code, script);
     return s;
   }
-  nlohmann::json j;
+  // The result object is the script's last line (a library may have printed to stdout before it). A missing or
+  // mistyped field is a failed peer cell, never an exception out of the bench (the cells measured so far would
+  // be lost with it).
+  std::string line = r.out;
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  if (const size_t nl = line.find_last_of('\n'); nl != std::string::npos) line.erase(0, nl + 1);
   try {
-    j = nlohmann::json::parse(r.out);
-  } catch (const std::exception&) {
-    s.error = "unreadable peer output";
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("gpu") && gpu_name->empty()) *gpu_name = j.at("gpu").get<std::string>();
+    if (j.contains("error")) {
+      s.error = j.at("error").get<std::string>();
+      return s;
+    }
+    const std::string best = j.at("best").get<std::string>();
+    const auto& b = j.at("results").at(best);
+    s.memory_format = best;
+    s.step_seconds = b.at("seconds").get<std::vector<double>>();
+    s.median_seconds = b.at("median").get<double>();
+    s.samples_per_sec = b.at("samples_per_sec").get<double>();
+    s.mean_samples_per_sec = static_cast<double>(batch) / b.at("mean").get<double>();
+    s.parameters = b.at("parameters").get<int64_t>();
+    s.last_loss = b.at("last_loss").get<double>();
+    if (b.contains("peak_allocated_bytes")) s.peak_allocated_bytes = b.at("peak_allocated_bytes").get<int64_t>();
+    if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b.at("peak_reserved_bytes").get<int64_t>();
+  } catch (const std::exception& e) {
+    s = BenchSide{};
+    s.error = fmt::format("unreadable peer output ({})", e.what());
     return s;
   }
-  if (j.contains("gpu") && gpu_name->empty()) *gpu_name = j["gpu"].get<std::string>();
-  if (j.contains("error")) {
-    s.error = j["error"].get<std::string>();
-    return s;
-  }
-  const std::string best = j["best"].get<std::string>();
-  const auto& b = j["results"][best];
   s.ok = true;
-  s.memory_format = best;
-  s.step_seconds = b["seconds"].get<std::vector<double>>();
-  s.median_seconds = b["median"].get<double>();
-  s.samples_per_sec = b["samples_per_sec"].get<double>();
-  s.mean_samples_per_sec = static_cast<double>(batch) / b["mean"].get<double>();
-  s.parameters = b["parameters"].get<int64_t>();
-  s.last_loss = b["last_loss"].get<double>();
   s.timer = f.device == "cpu" ? "host clock" : "cuda events";
-  if (b.contains("peak_allocated_bytes")) s.peak_allocated_bytes = b["peak_allocated_bytes"].get<int64_t>();
-  if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b["peak_reserved_bytes"].get<int64_t>();
   return s;
 }
 
@@ -286,7 +293,18 @@ BenchMaxBatch plan_max_batch(const std::string& model, const std::string& precis
   return out;
 }
 
-std::atomic<bool> g_bench_interrupted{false};  // the first Ctrl-C during `ampforge bench`
+// Gives the device's cached (free) memory back (cuda::caching_allocator's empty_cache, after the device's work).
+// A failed cell may have left the device unusable: that is in its row already, so errors here are not reported.
+void release_device_cache(const Device& dev) {
+  try {
+    const int index = static_cast<int>(dev.index);
+    cuda::synchronize(index);
+    if (memory::CachingAllocator* a = cuda::caching_allocator(index)) a->empty_cache();
+  } catch (const std::exception&) {
+  }
+}
+
+std::atomic<int> g_bench_stop_signal{0};  // the first SIGINT (Ctrl-C) or SIGTERM during `ampforge bench`
 
 int run_bench(const BenchFlags& f) {
   AF_CHECK(!(f.channels_last && f.nchw), "--channels-last and --nchw exclude each other");
@@ -369,15 +387,17 @@ int run_bench(const BenchFlags& f) {
     AF_CHECK(std::find(model_names.begin(), model_names.end(), m) != model_names.end(),
              "--batch {}={}: {} is not among the benchmarked models", m, n, m);
 
+  // Usage errors before the peer is looked for (importing torch takes seconds per interpreter tried).
+  AF_CHECK(!f.interleave || !dev.is_cuda(),
+           "--interleave is for the CPU, whose speed drifts between runs (CUDA steps are timed with CUDA events)");
+  AF_CHECK(!f.interleave || f.peer != "none",
+           "--interleave interleaves the peer's steps with ours: not with --peer none");
   std::string peer_python, why;
   if (f.peer != "none") {
     peer_python = find_peer_python(f.peer, &rep.peer_torch, &why);
     AF_CHECK(!peer_python.empty() || f.peer == "auto", "--peer {}: cannot import torch ({})", f.peer, why);
     rep.peer_python = peer_python;
   }
-  AF_CHECK(!f.interleave || !dev.is_cuda(),
-           "--interleave is for the CPU, whose speed drifts between runs (CUDA steps are timed with CUDA events)");
-  AF_CHECK(!f.interleave || f.peer != "none", "--interleave interleaves the peer's steps with ours: not with --peer none");
   const bool interleave = f.interleave && !peer_python.empty();
   rep.interleaved = interleave;
   rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
@@ -387,17 +407,19 @@ int run_bench(const BenchFlags& f) {
 
   const int total_cells = static_cast<int>(model_names.size() * precisions.size());
   rep.cells_asked = total_cells;
-  // Ctrl-C: the cell in progress finishes, then the table (and files) of the cells measured; a second one stops at
-  // once. Taken on a watcher thread (util/signals.h), never by a handler on a thread inside a kernel.
-  watch_signal(SIGINT, [](int count) {
-    if (count > 1) die_by_signal(SIGINT);
-    g_bench_interrupted.store(true);
-    std::fputs("\ninterrupted: finishing this cell, then the table of the cells measured (Ctrl-C again to stop at "
-               "once)\n", stderr);
-  });
+  // Ctrl-C or SIGTERM (`timeout`, a batch system's time limit): the cell in progress finishes, then the table (and
+  // files) of the cells measured; a second signal stops at once. Taken on a watcher thread (util/signals.h), never
+  // by a handler on a thread inside a kernel.
+  for (int sig : {SIGINT, SIGTERM})
+    watch_signal(sig, [sig](int) {
+      int none = 0;
+      if (!g_bench_stop_signal.compare_exchange_strong(none, sig)) die_by_signal(sig);
+      std::fprintf(stderr, "\n%s: finishing this cell, then the table of the cells measured (%s again to stop at "
+                   "once)\n", sig == SIGINT ? "interrupted" : "SIGTERM", sig == SIGINT ? "Ctrl-C" : "a signal");
+    });
   int cell = 0;
   for (const std::string& m : model_names) {
-    if (g_bench_interrupted.load()) break;
+    if (g_bench_stop_signal.load() != 0) break;
     const models::ModelEntry& entry = reg.at(m);
     const bool seq = entry.task == "masked_lm";
     Sizes sz = default_sizes(m, entry.task, full);
@@ -410,7 +432,7 @@ int run_bench(const BenchFlags& f) {
       first_size = false;
     }
     for (const std::string& p : precisions) {
-      if (g_bench_interrupted.load()) break;
+      if (g_bench_stop_signal.load() != 0) break;
       ++cell;
       BenchRow row;
       row.model = m;
@@ -480,6 +502,9 @@ int run_bench(const BenchFlags& f) {
           row.ours.error = e.what();
           std::fprintf(stderr, " failed");
         }
+        // The cell's tensors are gone; what the caching allocator keeps of them goes back to the device before the
+        // peer, a process of its own, needs the memory (on a 16 GB card it would run out beside our cache).
+        if (dev.is_cuda()) release_device_cache(dev);
         if (inter) {
           row.peer = inter->finish(sz.batch, &rep.device_name);
           inter.reset();
@@ -531,7 +556,9 @@ int run_bench(const BenchFlags& f) {
     rep.sizes_note += "; peer: no Python with torch found (" + why +
                       "; `scripts/setup --peer` installs Debian's PyTorch, or give --peer PYTHON)";
   }
-  rep.interrupted = g_bench_interrupted.load();
+  const int stop_signal = g_bench_stop_signal.load();
+  rep.interrupted = stop_signal != 0;
+  rep.interrupted_by = stop_signal == SIGINT ? "Ctrl-C" : stop_signal == SIGTERM ? "SIGTERM" : "";
   compute_derived(rep);
   if (!f.markdown.empty()) write_file_atomically(f.markdown, bench_markdown(rep), "Markdown file");
   if (!f.svg.empty()) write_file_atomically(f.svg, bench_svg(rep), "SVG file");
@@ -541,7 +568,7 @@ int run_bench(const BenchFlags& f) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s", profile_text.c_str());
   }
-  if (rep.interrupted) return 128 + SIGINT;
+  if (rep.interrupted) return 128 + stop_signal;
   bool any_ok = false;
   for (const auto& r : rep.rows) any_ok = any_ok || r.ours.ok;
   return any_ok ? 0 : 1;

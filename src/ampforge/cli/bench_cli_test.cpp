@@ -250,28 +250,38 @@ TEST(BenchCli, AFailedCellIsReportedAndTheExitCodeSaysNothingRan) {
   EXPECT_NE(j["rows"][0]["ampforge"]["error"].get<std::string>().find("CUDA"), std::string::npos);
 }
 
-TEST(BenchCli, CtrlCFinishesTheCellThenReportsTheCellsMeasured) {
-  const fs::path err = tmp("interrupted.err"), out = tmp("interrupted.json"), md = tmp("interrupted.md");
+// Ctrl-C, or SIGTERM (`timeout`, a batch system's time limit), once the first cell has started: it finishes, no
+// other cell starts, and the cells measured are reported; exit code 128 + the signal.
+void expect_stop_finishes_the_cell(int sig, const std::string& stem, const std::string& by) {
+  const fs::path err = tmp(stem + ".err"), out = tmp(stem + ".json"), md = tmp(stem + ".md");
   const pid_t pid = spawn_ampforge({"bench", "--models", "cnn,resnet-small", "--precisions", "fp32,bf16", "--peer",
                                     "none", "--json", "--markdown", md.string()},
                                    out, err);
   ASSERT_GE(pid, 0);
-  // Ctrl-C once the first cell has started: it finishes, and no other cell starts.
   for (int i = 0; i < 1200 && read_text(err).find("bench [1/4]") == std::string::npos; ++i) usleep(50000);
   ASSERT_NE(read_text(err).find("bench [1/4]"), std::string::npos) << read_text(err);
-  kill(pid, SIGINT);
+  kill(pid, sig);
   int st = 0;
   waitpid(pid, &st, 0);
   ASSERT_TRUE(WIFEXITED(st)) << read_text(err);
-  EXPECT_EQ(WEXITSTATUS(st), 130);
+  EXPECT_EQ(WEXITSTATUS(st), 128 + sig);
   const auto j = nlohmann::json::parse(read_text(out));
   EXPECT_EQ(j["interrupted"], true);
+  EXPECT_EQ(j["interrupted_by"], by);
   EXPECT_EQ(j["cells_asked"], 4);
   ASSERT_GE(j["rows"].size(), 1u);
   EXPECT_LT(j["rows"].size(), 4u);
   EXPECT_EQ(j["rows"][0]["model"], "cnn");
   EXPECT_TRUE(j["rows"][0]["ampforge"].contains("samples_per_sec")) << read_text(err);  // measured, not an error
-  EXPECT_NE(read_text(md).find("interrupted (Ctrl-C): measured"), std::string::npos);
+  EXPECT_NE(read_text(md).find("interrupted (" + by + "): measured"), std::string::npos);
+}
+
+TEST(BenchCli, CtrlCFinishesTheCellThenReportsTheCellsMeasured) {
+  expect_stop_finishes_the_cell(SIGINT, "interrupted", "Ctrl-C");
+}
+
+TEST(BenchCli, SigtermFinishesTheCellThenReportsTheCellsMeasured) {
+  expect_stop_finishes_the_cell(SIGTERM, "terminated", "SIGTERM");
 }
 
 TEST(BenchCli, HelpAndUsageErrors) {
@@ -293,6 +303,15 @@ TEST(BenchCli, HelpAndUsageErrors) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
   }
+}
+
+// --interleave is refused on a GPU (its steps are timed with CUDA events) before the peer is looked for: the error
+// names --interleave, not the interpreter. Without a GPU the device check answers first (skipped).
+TEST(BenchCli, InterleaveIsRefusedOnCudaBeforeThePeerIsLookedFor) {
+  const CmdResult r = run_ampforge("bench --models cnn --device cuda --interleave --peer /nonexistent/python");
+  EXPECT_EQ(r.code, 2) << r.out;
+  if (r.out.find("no such CUDA device") != std::string::npos) GTEST_SKIP() << "no CUDA device: " << r.out;
+  EXPECT_NE(r.out.find("--interleave is for the CPU"), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, ThePeerScriptIsValidPython) {

@@ -120,7 +120,8 @@ std::string header_lines(const BenchReport& r) {
     for (const auto& m : r.unavailable_models) s += " " + m;
   }
   if (r.interrupted)
-    s += fmt::format("\ninterrupted (Ctrl-C): measured {} of the {} cells asked for", r.rows.size(), r.cells_asked);
+    s += fmt::format("\ninterrupted ({}): measured {} of the {} cells asked for", r.interrupted_by, r.rows.size(),
+                     r.cells_asked);
   return s;
 }
 
@@ -148,6 +149,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
   j["peer"] = r.peer_torch.empty() ? nlohmann::json() : nlohmann::json{{"python", r.peer_python}, {"torch", r.peer_torch}};
   j["unavailable_models"] = r.unavailable_models;
   j["interrupted"] = r.interrupted;
+  if (r.interrupted) j["interrupted_by"] = r.interrupted_by;
   j["cells_asked"] = r.cells_asked;
   j["rows"] = nlohmann::json::array();
   for (const BenchRow& row : r.rows) {

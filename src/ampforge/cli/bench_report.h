@@ -73,7 +73,8 @@ struct BenchReport {
   int64_t max_batch_budget = 0;   // --max-batch --budget, bytes; 0: no max-batch column
   std::string max_batch_planner;  // how it was planned, e.g. "meta device standing for cuda"
   int cells_asked = 0;            // model x precision cells asked for
-  bool interrupted = false;       // Ctrl-C: the rows are the cells measured before it
+  bool interrupted = false;       // Ctrl-C or SIGTERM: the rows are the cells measured before it
+  std::string interrupted_by;     // "Ctrl-C" | "SIGTERM" when interrupted
   std::vector<BenchRow> rows;
 };
 

@@ -112,23 +112,27 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   memory::CachingAllocator* alloc = on_cuda ? cuda::caching_allocator(static_cast<int>(dev.index))
                                             : memory::installed_caching_allocator();
   // Cached blocks of earlier work (another cell of a bench) would count as reserved: release them first, so
-  // the peaks are this step's. On the CPU that happens before the last warm-up step, which then takes the page
-  // faults of memory mapped afresh (hundreds of milliseconds for ResNet-50's ~1 GB); released after it, the first
-  // timed step paid them (a 0.6 s step among 0.25 s ones for YOLOv8n).
+  // the peaks are this step's. That happens before the last warm-up step, which then takes the page faults (CPU)
+  // or the cudaMalloc calls (CUDA) of memory mapped afresh (hundreds of milliseconds for ResNet-50's ~1 GB on the
+  // CPU); released after it, the first timed step paid them (a 0.6 s step among 0.25 s ones for YOLOv8n). On CUDA
+  // the first warm-up step runs the cuDNN/cuBLASLt algorithm choices, whose trial workspaces are no step's memory:
+  // with a single warm-up step the release follows it. With a CUDA graph it follows the capture: the eager steps'
+  // blocks, cached beside the graph's own pool, are no replay's memory.
   auto release_cached = [&] {
     if (alloc == nullptr) return;
+    if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
     alloc->empty_cache();
     alloc->reset_peak_stats();
   };
-  const bool release_in_warmup = !on_cuda && warmup >= 1;
+  const int release_before = o.cuda_graphs ? -1 : warmup >= (on_cuda ? 2 : 1) ? warmup - 1 : -1;
   for (int i = 0; i < warmup; ++i) {
-    if (release_in_warmup && i == warmup - 1) release_cached();
+    if (i == release_before) release_cached();
     step(i, false);
     if (o.on_step) o.on_step(i + 1, total);
   }
   if (o.cuda_graphs) step(warmup, true);  // the capture (and its first replay) is not a timed step
   if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
-  if (!release_in_warmup) release_cached();
+  if (release_before < 0) release_cached();
 
   BenchmarkResult r;
   if (on_cuda) {
