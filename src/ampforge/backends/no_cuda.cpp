@@ -69,6 +69,7 @@ bool Graph::ready() const { return false; }
 int64_t Graph::num_nodes() const { return 0; }
 int64_t Graph::num_kernel_nodes() const { return 0; }
 int64_t Graph::pool_reserved_bytes() const { return 0; }
+int64_t Graph::pool_peak_allocated_bytes() const { return 0; }
 }  // namespace cuda
 #endif
 

@@ -79,4 +79,8 @@ Tensor StepGraph::run(nn::Module& model, tasks::Task& task, optim::Optimizer& op
   return loss_;
 }
 
+int64_t StepGraph::pool_reserved_bytes() const { return graph_ ? graph_->pool_reserved_bytes() : 0; }
+
+int64_t StepGraph::pool_peak_allocated_bytes() const { return graph_ ? graph_->pool_peak_allocated_bytes() : 0; }
+
 }  // namespace ampforge::train

@@ -46,6 +46,10 @@ class StepGraph {
   int64_t nodes() const { return nodes_; }      // operations in the graph (each a launch when eager)
   int64_t kernels() const { return kernels_; }  // kernel nodes among them
   int64_t replays() const { return replays_; }
+  // The captured step's memory, in the graph's private pool (not in the device's caching allocator): reserved
+  // bytes and the peak of its live tensors (0 before the capture).
+  int64_t pool_reserved_bytes() const;
+  int64_t pool_peak_allocated_bytes() const;
 
  private:
   std::unique_ptr<cuda::Graph> graph_;

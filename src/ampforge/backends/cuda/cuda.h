@@ -184,8 +184,10 @@ class Graph {
   // work takes, against one launch per replay.
   int64_t num_nodes() const;
   int64_t num_kernel_nodes() const;
-  // Bytes the private pool holds from the device (reserved).
+  // Bytes the private pool holds from the device (reserved), and the most its tensors held at once (the captured
+  // work's live tensors at their peak: a replay uses that memory again, allocating nothing).
   int64_t pool_reserved_bytes() const;
+  int64_t pool_peak_allocated_bytes() const;
 
  private:
   struct Impl;

@@ -189,6 +189,10 @@ void Graph::replay() {
 bool Graph::ready() const { return impl_->exec != nullptr; }
 int64_t Graph::num_nodes() const { return impl_->nodes; }
 int64_t Graph::num_kernel_nodes() const { return impl_->kernels; }
+int64_t Graph::pool_peak_allocated_bytes() const {
+  return impl_->pool != nullptr ? impl_->pool->stats().allocated.peak : 0;
+}
+
 int64_t Graph::pool_reserved_bytes() const {
   return impl_->pool != nullptr ? impl_->pool->stats().reserved.current : 0;
 }
