@@ -11,6 +11,7 @@
 #include "ampforge/data/data_loader.h"
 #include "ampforge/models/models.h"
 #include "ampforge/tasks/classification.h"
+#include "ampforge/train/benchmark.h"
 #include "ampforge/train/graph_step.h"
 #include "ampforge/train/recipe.h"
 #include "ampforge/train/step.h"
@@ -280,4 +281,24 @@ TEST(CudaTrainer, MemoryTraceRecordsTheTrainingDevicesAllocator) {
   const auto st = memory::allocator_stats(Device(DeviceType::CUDA, 0));
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(r.peak_memory_bytes, st->reserved.peak);
+}
+
+// The bench's memory columns with --cuda-graphs hold the replayed step's activations (in the graph's private
+// pool) beside the weights, gradients and optimizer state, as the eager columns do.
+TEST(CudaBench, GraphedStepsMemoryIncludesTheActivations) {
+  AF_SKIP_WITHOUT_CUDA();
+  auto peak_allocated = [](bool graphs) {
+    train::WorkloadOptions wo;
+    wo.batch = 64;
+    wo.device = kCuda0;
+    train::Workload w = train::make_workload("resnet-small", wo);
+    train::BenchmarkOptions bo;
+    bo.warmup = 3;
+    bo.steps = 2;
+    bo.cuda_graphs = graphs;
+    return train::benchmark_training(w, bo).peak_allocated_bytes;
+  };
+  const int64_t eager = peak_allocated(false), graphed = peak_allocated(true);
+  ASSERT_GT(eager, 0);
+  EXPECT_GE(static_cast<double>(graphed), 0.8 * static_cast<double>(eager)) << "eager " << eager;
 }
