@@ -126,7 +126,8 @@ void check_cudnn(const DoctorReport& r, Checks& c) {
   const auto& l = r.libraries;
   if (!l.cudnn.found) {
     c.add(id, std::nullopt, Verdict::Skip, fmt::format("cuDNN not found ({})", l.cudnn.error),
-          "install cuDNN for your CUDA major version (e.g. the cudnn9-cuda-12 package) for GPU convolutions");
+          fmt::format("install cuDNN for your CUDA major version (e.g. the cudnn9-cuda-{} package) for GPU convolutions",
+                      l.runtime_version ? Version::from_cuda_int(*l.runtime_version).major() : 12));
     return;
   }
   if (!l.runtime_version) {
@@ -279,13 +280,22 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
   // PCIe link: downtrained?
   const auto& gen = g.pcie_gen();
   const auto& width = g.pcie_width();
+  // The GPU+slot maximum comes from the port above the GPU. In a virtual machine that port is the hypervisor's
+  // (or absent) and may claim less than the link is seen running at: a maximum the link exceeds, or 0, is not
+  // believed, and the GPU's own maximum (else the spec database) stands in for it.
+  const auto contradicted = [](const Field<unsigned>& max, const Field<unsigned>& seen) {
+    return max.ok() && (*max == 0 || (seen.ok() && *seen > *max));
+  };
+  const bool system_gen_wrong = contradicted(g.pcie_gen_max_system, gen);
+  const bool system_width_wrong = contradicted(g.pcie_width_max, width);
   std::optional<unsigned> max_gen, max_width;
   std::string max_src;
-  if (g.pcie_gen_max_system.ok()) max_gen = *g.pcie_gen_max_system, max_src = "GPU and slot";
-  else if (g.pcie_gen_max_gpu.ok()) max_gen = *g.pcie_gen_max_gpu, max_src = "GPU";
+  if (g.pcie_gen_max_system.ok() && !system_gen_wrong) max_gen = *g.pcie_gen_max_system, max_src = "GPU and slot";
+  else if (g.pcie_gen_max_gpu.ok() && *g.pcie_gen_max_gpu > 0) max_gen = *g.pcie_gen_max_gpu, max_src = "GPU";
   else if (g.spec) max_gen = static_cast<unsigned>(g.spec->pcie_gen), max_src = "spec database";
-  if (g.pcie_width_max.ok()) max_width = *g.pcie_width_max;
+  if (g.pcie_width_max.ok() && !system_width_wrong) max_width = *g.pcie_width_max;
   else if (g.spec) max_width = static_cast<unsigned>(g.spec->pcie_lanes);
+  else if (system_width_wrong && width.ok()) max_width = *width;
   if (!gen.ok() || !width.ok() || !max_gen || !max_width) {
     c.add(id("pcie_link"), i, Verdict::Skip,
           fmt::format("PCIe link not readable (current: {}; maximum: {})", gen.ok() && width.ok() ? "ok" : (gen.ok() ? width.na : gen.na),
@@ -301,9 +311,11 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
     else if (*gen < *max_gen && g.link_read_busy())
       c.add(id("pcie_link"), i, Verdict::Fail, fmt::format("PCIe link is downtrained: {} under load, the {} support {}", now, max_src, best), fix);
     else if (*gen < *max_gen)
-      c.add(id("pcie_link"), i, Verdict::Warn,
-            fmt::format("PCIe link at {} while idle (power saving lowers the generation), {} possible; could not load "
-                        "it: {}",
+      // Idle GPUs lower the link generation to save power (an idle H100 or H200 sits at Gen1): without a load
+      // the generation says nothing, so it is not judged.
+      c.add(id("pcie_link"), i, Verdict::Skip,
+            fmt::format("PCIe link at {} while idle (power saving lowers the generation), {} possible; not read "
+                        "under load: {}",
                         now, best, g.link_busy_error.empty() ? "unknown" : g.link_busy_error),
             "install the CUDA runtime so doctor can read the link under load, or watch `ampforge monitor` while training");
     else
@@ -313,9 +325,16 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
   // The slot holds the GPU back?
   std::optional<unsigned> gpu_gen;
   std::string gpu_src;
-  if (g.pcie_gen_max_gpu.ok()) gpu_gen = *g.pcie_gen_max_gpu, gpu_src = "NVML";
+  if (g.pcie_gen_max_gpu.ok() && *g.pcie_gen_max_gpu > 0) gpu_gen = *g.pcie_gen_max_gpu, gpu_src = "NVML";
   else if (g.spec) gpu_gen = static_cast<unsigned>(g.spec->pcie_gen), gpu_src = "spec database";
-  if (g.pcie_gen_max_system.ok() && gpu_gen) {
+  if (system_gen_wrong) {
+    c.add(id("pcie_slot"), i, Verdict::Skip,
+          fmt::format("The slot's maximum is not known: NVML gives Gen{}{} (a virtual or unreadable port above the "
+                      "GPU, as in a virtual machine)",
+                      *g.pcie_gen_max_system,
+                      gen.ok() && *gen > *g.pcie_gen_max_system ? fmt::format(", but the link runs at Gen{}", *gen)
+                                                                : std::string()));
+  } else if (g.pcie_gen_max_system.ok() && gpu_gen) {
     if (*g.pcie_gen_max_system < *gpu_gen)
       c.add(id("pcie_slot"), i, Verdict::Warn,
             fmt::format("The slot allows PCIe Gen{}, the GPU supports Gen{} ({})", *g.pcie_gen_max_system, *gpu_gen, gpu_src),
@@ -425,6 +444,24 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
                       g.ecc_corrected_volatile.ok() ? std::to_string(*g.ecc_corrected_volatile) : "n/a"));
   }
 
+  // MIG: with it on, CUDA sees the GPU's MIG instances (as many devices), not the whole GPU. Boards without MIG
+  // answer NOT_SUPPORTED: no check.
+  if (g.mig_mode.ok()) {
+    const auto& m = *g.mig_mode;
+    if (m.current != m.pending)
+      c.add(id("mig"), i, Verdict::Warn,
+            fmt::format("MIG mode is {} now and {} after the next GPU reset", m.current ? "on" : "off",
+                        m.pending ? "on" : "off"),
+            "reset the GPU (nvidia-smi -r -i N, with no process on it) or reboot for the change to take effect");
+    else if (m.current)
+      c.add(id("mig"), i, Verdict::Warn,
+            "MIG mode is on: CUDA sees only this GPU's MIG instances, each a slice of it (none, if none was created)",
+            "train on one instance (CUDA_VISIBLE_DEVICES=MIG-<uuid> from nvidia-smi -L), or turn MIG off for the "
+            "whole GPU (nvidia-smi -mig 0 -i N, then a GPU reset)");
+    else
+      c.add(id("mig"), i, Verdict::Pass, "MIG mode is off: CUDA sees the whole GPU");
+  }
+
   // Other processes holding memory.
   if (!g.processes.ok()) {
     c.add(id("processes"), i, Verdict::Skip, "Process list n/a (" + g.processes.na + ")");
@@ -451,9 +488,18 @@ void check_gpu(const GpuReport& g, double alert_temp_c, Checks& c) {
   }
 }
 
+bool any_nvlink_up(const GpuReport& g) {
+  if (g.lost || !g.nvlinks.ok()) return false;
+  for (const auto& l : *g.nvlinks)
+    if (l.active) return true;
+  return false;
+}
+
 // NVLinks that exist but are down (a loose bridge, a link the driver took down): each is bandwidth the GPU's
-// peers expect and do not get.
-void check_nvlinks(const GpuReport& g, Checks& c) {
+// peers expect and do not get. A GPU with none up has no NVLink in use, which is how a board with NVLink ports
+// and no bridge, or an SXM GPU alone in a virtual machine (no NVSwitch fabric there), reports itself: that is
+// judged only where another GPU of this machine does have NVLinks up (a GPU missing from the fabric).
+void check_nvlinks(const GpuReport& g, bool other_gpu_has_nvlink, Checks& c) {
   if (g.lost || !g.nvlinks.ok() || g.nvlinks->empty()) return;
   const std::string id = fmt::format("gpu{}.nvlink", g.index);
   std::vector<unsigned> down;
@@ -462,6 +508,13 @@ void check_nvlinks(const GpuReport& g, Checks& c) {
   const size_t n = g.nvlinks->size();
   if (down.empty()) {
     c.add(id, g.index, Verdict::Pass, fmt::format("{} NVLink{} up", n, n == 1 ? "" : "s"));
+    return;
+  }
+  if (down.size() == n && !other_gpu_has_nvlink) {
+    c.add(id, g.index, Verdict::Skip,
+          fmt::format("No NVLink in use: none of the GPU's {} link{} is up, nor any other GPU's here (no bridge, "
+                      "or no NVSwitch fabric in this machine or VM); peers, if any, go over PCIe",
+                      n, n == 1 ? "" : "s"));
     return;
   }
   c.add(id, g.index, Verdict::Warn,
@@ -519,7 +572,9 @@ void evaluate_checks(DoctorReport& r) {
   check_torch_cuda(r, c);
   for (const auto& g : r.gpus) {
     check_gpu(g, r.alert_temp_c, c);
-    check_nvlinks(g, c);
+    bool other_gpu_has_nvlink = false;
+    for (const auto& o : r.gpus) other_gpu_has_nvlink |= &o != &g && any_nvlink_up(o);
+    check_nvlinks(g, other_gpu_has_nvlink, c);
   }
   check_topology(r, c);
 }

@@ -69,6 +69,7 @@ GpuReport read_gpu(NvmlDevice& d) {
   g.ecc_uncorrected_volatile = d.ecc_errors(nvml::kMemoryErrorUncorrected, nvml::kEccVolatile);
   g.ecc_uncorrected_aggregate = d.ecc_errors(nvml::kMemoryErrorUncorrected, nvml::kEccAggregate);
   g.persistence_mode = d.persistence_mode();
+  g.mig_mode = d.mig_mode();
   g.processes = d.processes();
   g.pcie_tx_kbps = d.pcie_throughput_kbps(nvml::kPcieTxBytes);
   g.pcie_rx_kbps = d.pcie_throughput_kbps(nvml::kPcieRxBytes);
@@ -150,6 +151,10 @@ DoctorReport run_doctor(const DoctorOptions& options) {
         pair.nvlinks = std::max(count_to(*gi, *gj), count_to(*gj, *gi));
         r.topology.push_back(std::move(pair));
       }
+    // An error (or a lost GPU) met by the NVLink and topology queries counts in each GPU's status too.
+    for (auto& d : devices)
+      for (auto& g : r.gpus)
+        if (g.index == d.index()) sync_status(g, d);
 
     // Under load: only with a CUDA runtime that sees the GPU.
     std::unique_ptr<CudaRuntime> cuda;
@@ -181,8 +186,8 @@ DoctorReport run_doctor(const DoctorOptions& options) {
       } else {
         g->bandwidth_error = "skipped (--no-bandwidth)";
       }
-      // Our own copies made this process a GPU user: the process list is read again without counting us.
-      g->processes = d.processes();
+      // The process list stays the one read before: our own copies made this process a GPU user, and NVML names
+      // it by its pid in the host's PID namespace, which inside a container is not getpid().
       sync_status(*g, d);
     }
   }

@@ -51,6 +51,7 @@ struct GpuReport {
   Field<bool> ecc_enabled;
   Field<uint64_t> ecc_corrected_volatile, ecc_uncorrected_volatile, ecc_uncorrected_aggregate;
   Field<bool> persistence_mode;
+  Field<NvmlDevice::Mig> mig_mode;  // for the gpuN.mig check only (not in the JSON schema's GPU fields)
   Field<std::vector<GpuProcess>> processes;
   Field<std::vector<NvLink>> nvlinks;  // empty: the GPU has no NVLink
   std::optional<BandwidthResult> bandwidth;

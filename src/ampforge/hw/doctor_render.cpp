@@ -332,6 +332,7 @@ std::string doctor_report_text(const DoctorReport& r, bool colour) {
           unsigned up = 0;
           for (const auto& l : ls) up += l.active;
           std::string s = fmt::format("{} of {} up", up, ls.size());
+          if (up == 0) return s + " (no NVLink in use)";
           for (const auto& l : ls)
             if (!l.active) s += fmt::format(", link {} down", l.link);
           return s;

@@ -44,6 +44,14 @@ TEST(HwVersions, DriverTable) {
   EXPECT_EQ(driver_fits_cuda(v("570.124.06"), 12040, 12080), DriverFit::Full);
   EXPECT_EQ(driver_fits_cuda(v("550.54.14"), 12080, 12040), DriverFit::MinorCompat);
   EXPECT_EQ(driver_fits_cuda(v("999.0"), 14000, std::nullopt), DriverFit::Unknown);
+  // The GPU machine's driver 580 supports CUDA 13.0; a 13.x runtime newer than the table runs on it under
+  // minor-version compatibility (13.x >= 580), not "too old".
+  EXPECT_EQ(driver_fits_cuda(v("580.95.05"), 13000, 13000), DriverFit::Full);
+  EXPECT_EQ(driver_fits_cuda(v("580.95.05"), 13010, 13000), DriverFit::MinorCompat);
+  EXPECT_EQ(driver_fits_cuda(v("575.51.03"), 13000, 12090), DriverFit::TooOld);
+  // 11.x minor-version compatibility needs 450.80.02, above 11.0's own GA driver.
+  EXPECT_EQ(driver_fits_cuda(v("450.80.02"), 11080, 11000), DriverFit::MinorCompat);
+  EXPECT_EQ(driver_fits_cuda(v("450.51.05"), 11040, 11000), DriverFit::TooOld);
 }
 
 TEST(HwSpecs, LookupAndCorrectedNumbers) {
@@ -155,8 +163,8 @@ TEST(HwChecks, BlasKernelsWeakerThanTheCpuWarn) {
 TEST(HwChecks, PcieLinkUnderLoadAndIdle) {
   EXPECT_EQ(verdict(one_gpu(4, 16, true, std::nullopt), "gpu0.pcie_link"), Verdict::Pass);
   EXPECT_EQ(verdict(one_gpu(3, 16, true, std::nullopt), "gpu0.pcie_link"), Verdict::Fail);
-  // Idle GPUs drop their link generation to save power: only a warning without a load.
-  EXPECT_EQ(verdict(one_gpu(1, 16, false, std::nullopt), "gpu0.pcie_link"), Verdict::Warn);
+  // Idle GPUs drop their link generation to save power (an idle H200 sits at Gen1): not judged without a load.
+  EXPECT_EQ(verdict(one_gpu(1, 16, false, std::nullopt), "gpu0.pcie_link"), Verdict::Skip);
   // Fewer lanes is not power saving.
   EXPECT_EQ(verdict(one_gpu(4, 8, false, std::nullopt), "gpu0.pcie_link"), Verdict::Fail);
 }
@@ -174,6 +182,84 @@ TEST(HwChecks, SlotSlowerThanGpuWarns) {
   evaluate_checks(r);
   EXPECT_EQ(verdict(r, "gpu0.pcie_slot"), Verdict::Warn);
   EXPECT_EQ(verdict(r, "gpu0.pcie_link"), Verdict::Pass);  // at the slot's best
+}
+
+std::string message(const DoctorReport& r, const std::string& id) {
+  for (const auto& c : r.checks)
+    if (c.id == id) return c.message;
+  return "";
+}
+
+// In a virtual machine the port above the GPU is the hypervisor's: NVML's GPU+slot maximum can be below what the
+// link is seen running at, or 0. Such a maximum is not believed: the GPU's own maximum judges the link and the
+// bandwidth, and the slot is not judged.
+TEST(HwChecks, VirtualPortBelowTheLinkIsNotBelieved) {
+  for (unsigned slot : {0u, 1u, 3u}) {
+    DoctorReport r = one_gpu(4, 16, true, 25.0);
+    r.gpus[0].pcie_gen_max_system = Field<unsigned>::of(slot);
+    evaluate_checks(r);
+    EXPECT_EQ(verdict(r, "gpu0.pcie_link"), Verdict::Pass) << slot;
+    EXPECT_NE(message(r, "gpu0.pcie_link").find("maximum Gen4 x16, from the GPU)"), std::string::npos)
+        << message(r, "gpu0.pcie_link");
+    EXPECT_EQ(verdict(r, "gpu0.pcie_slot"), Verdict::Skip) << slot;
+    EXPECT_EQ(verdict(r, "gpu0.pcie_bandwidth"), Verdict::Pass) << message(r, "gpu0.pcie_bandwidth");  // of Gen4
+    EXPECT_NE(message(r, "gpu0.pcie_bandwidth").find("of Gen4 x16"), std::string::npos);
+  }
+  // A width maximum below the running width: the spec database's lanes instead.
+  DoctorReport r = one_gpu(4, 16, true, 25.0);
+  r.gpus[0].pcie_width_max = Field<unsigned>::of(1);
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.pcie_link"), Verdict::Pass);
+  EXPECT_NE(message(r, "gpu0.pcie_bandwidth").find("of Gen4 x16"), std::string::npos) << message(r, "gpu0.pcie_bandwidth");
+  // A real slot limit (the link at the slot's best) is still a warning.
+  r = one_gpu(3, 16, true, std::nullopt);
+  r.gpus[0].pcie_gen_max_system = Field<unsigned>::of(3);
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.pcie_slot"), Verdict::Warn);
+}
+
+std::vector<NvLink> links(unsigned n, unsigned up) {
+  std::vector<NvLink> out;
+  for (unsigned i = 0; i < n; ++i) out.push_back(NvLink{i, i < up, {}});
+  return out;
+}
+
+// An SXM GPU alone in a virtual machine (no NVSwitch fabric there), or a PCIe board with NVLink ports and no
+// bridge, reports links none of which is up: no NVLink in use, not a fault. Some down of several is a warning,
+// and so is none up where another GPU of the machine has NVLinks up.
+TEST(HwChecks, NvlinksNoneUpIsNotAWarning) {
+  DoctorReport r = one_gpu(5, 16, true, std::nullopt);
+  r.gpus[0].nvlinks = Field<std::vector<NvLink>>::of(links(18, 0));
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.nvlink"), Verdict::Skip) << message(r, "gpu0.nvlink");
+  r.gpus[0].nvlinks = Field<std::vector<NvLink>>::of(links(18, 17));
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.nvlink"), Verdict::Warn);
+  EXPECT_NE(message(r, "gpu0.nvlink").find("NVLink 17 down (17 of 18 up)"), std::string::npos) << message(r, "gpu0.nvlink");
+  GpuReport other = r.gpus[0];
+  other.index = 1;
+  other.nvlinks = Field<std::vector<NvLink>>::of(links(18, 18));
+  r.gpus[0].nvlinks = Field<std::vector<NvLink>>::of(links(18, 0));
+  r.gpus.push_back(other);
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.nvlink"), Verdict::Warn) << message(r, "gpu0.nvlink");
+  EXPECT_EQ(verdict(r, "gpu1.nvlink"), Verdict::Pass);
+}
+
+TEST(HwChecks, MigModeOnOrPendingWarns) {
+  DoctorReport r = one_gpu(5, 16, true, std::nullopt);
+  for (const auto& c : r.checks) EXPECT_NE(c.id, "gpu0.mig") << "MIG not supported (not read): no check";
+  r.gpus[0].mig_mode = Field<NvmlDevice::Mig>::of({false, false});
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.mig"), Verdict::Pass);
+  r.gpus[0].mig_mode = Field<NvmlDevice::Mig>::of({true, true});
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.mig"), Verdict::Warn);
+  r.gpus[0].mig_mode = Field<NvmlDevice::Mig>::of({false, true});
+  evaluate_checks(r);
+  EXPECT_EQ(verdict(r, "gpu0.mig"), Verdict::Warn);
+  EXPECT_NE(message(r, "gpu0.mig").find("after the next GPU reset"), std::string::npos);
+  EXPECT_EQ(r.exit_code(), 0);
 }
 
 TEST(HwChecks, EccCounts) {

@@ -85,6 +85,31 @@ TEST(Monitor, GpuLostMidwayIsReportedAndOthersContinue) {
   EXPECT_NE(r.out.find("LOST\n"), std::string::npos);  // in the summary
 }
 
+// gpu-check's run on the lent GPU machine (one H200 SXM in a virtual machine, driver 580), as there with fewer,
+// faster samples: no fan, no PCIe throughput counters, clocks held for being idle. No alert, every line JSON.
+TEST(Monitor, H200AloneInAVirtualMachineLogsJsonl) {
+  const std::string jsonl = ::testing::TempDir() + "/mon_h200_vm.jsonl";
+  auto r = monitor("h200_vm", {"--jsonl", jsonl});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(samples(r.out, 0), 3) << r.out;
+  EXPECT_EQ(count(r.out, "ALERT"), 0) << r.out;
+  std::ifstream f(jsonl);
+  std::string line;
+  int objects = 0;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["temperature_c"], 31);
+    EXPECT_TRUE(j["fan_percent"].is_null());
+    EXPECT_TRUE(j["pcie_tx_kbps"].is_null());
+    EXPECT_DOUBLE_EQ(j["power_w"].get<double>(), 76.0);
+    EXPECT_EQ(j["throttle_reasons"], nlohmann::json::array({"gpu_idle"}));
+    EXPECT_EQ(j["status"], "ok");
+    EXPECT_TRUE(j["error"].is_null()) << j["error"];
+    ++objects;
+  }
+  EXPECT_EQ(objects, 3);
+}
+
 TEST(Monitor, PartialNvmlShowsNa) {
   auto env = fake_env("healthy_h200");
   env["AMPFORGE_NVML_LIBRARY"] = AMPFORGE_FAKE_NVML_PARTIAL;

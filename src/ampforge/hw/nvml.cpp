@@ -50,6 +50,8 @@ Field<T> NvmlDevice::fail(nvml::Return r, const char* fname) {
   switch (r) {
     case nvml::kErrorNotSupported: return Field<T>::missing("not supported");
     case nvml::kErrorNoPermission: return Field<T>::missing("no permission");
+    // A function this driver no longer serves is a missing reading, not a fault of the GPU.
+    case nvml::kErrorDeprecated: return Field<T>::missing(fmt::format("{} removed from this driver", fname));
     case nvml::kErrorGpuIsLost:
       lost_ = true;
       if (error_.empty()) error_ = fmt::format("{}: GPU is lost", fname);
@@ -119,6 +121,15 @@ Field<unsigned> NvmlDevice::pcie_throughput_kbps(int counter) {
   return get<unsigned>(AMPFORGE_FN(nvmlDeviceGetPcieThroughput), counter);
 }
 Field<unsigned> NvmlDevice::temperature_c() {
+  // nvmlDeviceGetTemperatureV (drivers >= 565) first: nvmlDeviceGetTemperature is deprecated since CUDA 13.0 and
+  // removed in 14.0. Any failure of the new one other than a lost GPU falls back to the old one, which then
+  // gives the reason (an older driver, a struct version it does not know, ...).
+  if (const auto v = lib_->api().nvmlDeviceGetTemperatureV; v != nullptr && !lost_) {
+    nvml::Temperature t{nvml::kTemperatureV1, nvml::kTemperatureGpu, 0};
+    const nvml::Return r = v(h_, &t);
+    if (r == nvml::kSuccess && t.temperature >= 0) return Field<unsigned>::of(static_cast<unsigned>(t.temperature));
+    if (r == nvml::kErrorGpuIsLost) return fail<unsigned>(r, "nvmlDeviceGetTemperatureV");
+  }
   return get<unsigned>(AMPFORGE_FN(nvmlDeviceGetTemperature), nvml::kTemperatureGpu);
 }
 Field<unsigned> NvmlDevice::temperature_threshold_c(int threshold) {
@@ -159,6 +170,16 @@ Field<bool> NvmlDevice::persistence_mode() {
   auto f = get<int>(AMPFORGE_FN(nvmlDeviceGetPersistenceMode));
   if (!f.ok()) return Field<bool>::missing(f.na);
   return Field<bool>::of(*f == nvml::kFeatureEnabled);
+}
+
+Field<NvmlDevice::Mig> NvmlDevice::mig_mode() {
+  const auto fn = lib_->api().nvmlDeviceGetMigMode;
+  if (!fn) return Field<Mig>::missing("nvmlDeviceGetMigMode not in this NVML");
+  if (lost_) return Field<Mig>::missing("GPU is lost");
+  unsigned current = 0, pending = 0;
+  const nvml::Return r = fn(h_, &current, &pending);
+  if (r != nvml::kSuccess) return fail<Mig>(r, "nvmlDeviceGetMigMode");
+  return Field<Mig>::of(Mig{current == 1, pending == 1});
 }
 
 Field<std::vector<GpuProcess>> NvmlDevice::processes() {
@@ -214,6 +235,8 @@ Field<int> NvmlDevice::common_ancestor(const NvmlDevice& other) {
   if (lost_ || other.lost_) return Field<int>::missing("GPU is lost");
   int level = 0;
   const nvml::Return r = fn(h_, other.h_, &level);
+  // GPU_IS_LOST here may be either GPU's: it does not mark this one lost (each one's own next query tells).
+  if (r == nvml::kErrorGpuIsLost) return Field<int>::missing("GPU is lost");
   if (r != nvml::kSuccess) return fail<int>(r, "nvmlDeviceGetTopologyCommonAncestor");
   return Field<int>::of(level);
 }
@@ -228,7 +251,11 @@ Field<std::vector<NvLink>> NvmlDevice::nvlinks() {
     const nvml::Return r = state(h_, link, &active);
     // NOT_SUPPORTED: no NVLink at all; INVALID_ARGUMENT / NOT_FOUND: past the GPU's last link.
     if (r == nvml::kErrorNotSupported || r == nvml::kErrorInvalidArgument || r == nvml::kErrorNotFound) break;
-    if (r != nvml::kSuccess) return fail<std::vector<NvLink>>(r, "nvmlDeviceGetNvLinkState");
+    if (r == nvml::kErrorGpuIsLost) return fail<std::vector<NvLink>>(r, "nvmlDeviceGetNvLinkState");
+    // Another error (a virtual machine's view of a fabric it does not have, a driver without the fabric manager)
+    // leaves NVLink unknown without counting against the GPU's status.
+    if (r != nvml::kSuccess)
+      return Field<std::vector<NvLink>>::missing(fmt::format("nvmlDeviceGetNvLinkState: {}", lib_->error_string(r)));
     NvLink l;
     l.link = link;
     l.active = active == nvml::kFeatureEnabled;

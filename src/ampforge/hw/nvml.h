@@ -32,6 +32,10 @@ inline constexpr Return kErrorNotFound = 6;
 inline constexpr Return kErrorInsufficientSize = 7;
 inline constexpr Return kErrorDriverNotLoaded = 9;
 inline constexpr Return kErrorGpuIsLost = 15;
+inline constexpr Return kErrorArgumentVersionMismatch = 25;
+// What a function removed from the driver answers (NVML's deprecation notices: functions deprecated in CUDA 13.0,
+// nvmlDeviceGetTemperature and nvmlDeviceGetCurrentClocksThrottleReasons among them, are removed in CUDA 14.0).
+inline constexpr Return kErrorDeprecated = 26;
 inline constexpr Return kErrorUnknown = 999;
 
 struct DeviceSt;
@@ -40,6 +44,13 @@ using Device = DeviceSt*;  // nvmlDevice_t
 struct Memory {  // nvmlMemory_t (v1), bytes
   unsigned long long total, free, used;
 };
+struct Temperature {  // nvmlTemperature_v1_t, for nvmlDeviceGetTemperatureV
+  unsigned int version;  // kTemperatureV1
+  int sensorType;        // nvmlTemperatureSensors_t
+  int temperature;       // °C
+};
+// NVML_STRUCT_VERSION(Temperature, 1): the struct's size with the version number in the top byte.
+inline constexpr unsigned kTemperatureV1 = static_cast<unsigned>(sizeof(Temperature)) | (1u << 24);
 struct Utilization {  // nvmlUtilization_t, percent over the last sample period
   unsigned int gpu, memory;
 };
@@ -112,6 +123,7 @@ inline constexpr uint64_t kReasonDisplayClockSetting = 0x100;
   X(nvmlDeviceGetCurrPcieLinkWidth, Return, (Device, unsigned int*))                                 \
   X(nvmlDeviceGetMaxPcieLinkWidth, Return, (Device, unsigned int*))                                  \
   X(nvmlDeviceGetPcieThroughput, Return, (Device, int, unsigned int*))                               \
+  X(nvmlDeviceGetTemperatureV, Return, (Device, Temperature*))                                       \
   X(nvmlDeviceGetTemperature, Return, (Device, int, unsigned int*))                                  \
   X(nvmlDeviceGetTemperatureThreshold, Return, (Device, int, unsigned int*))                         \
   X(nvmlDeviceGetFanSpeed, Return, (Device, unsigned int*))                                          \
@@ -122,6 +134,7 @@ inline constexpr uint64_t kReasonDisplayClockSetting = 0x100;
   X(nvmlDeviceGetEccMode, Return, (Device, int*, int*))                                              \
   X(nvmlDeviceGetTotalEccErrors, Return, (Device, int, int, unsigned long long*))                    \
   X(nvmlDeviceGetPersistenceMode, Return, (Device, int*))                                            \
+  X(nvmlDeviceGetMigMode, Return, (Device, unsigned int*, unsigned int*))                            \
   X(nvmlDeviceGetComputeRunningProcesses_v3, Return, (Device, unsigned int*, ProcessInfo*))          \
   X(nvmlDeviceGetGraphicsRunningProcesses_v3, Return, (Device, unsigned int*, ProcessInfo*))          \
   X(nvmlDeviceGetTopologyCommonAncestor, Return, (Device, Device, int*))                             \
@@ -191,6 +204,11 @@ class NvmlDevice {
   Field<bool> ecc_enabled();
   Field<uint64_t> ecc_errors(int error_type, int counter_type);
   Field<bool> persistence_mode();
+  // MIG mode (NVML_DEVICE_MIG_ENABLE = 1): whether it is on now, and whether it will be after the next GPU reset.
+  struct Mig {
+    bool current = false, pending = false;
+  };
+  Field<Mig> mig_mode();
   Field<std::vector<GpuProcess>> processes();
   // The closest common ancestor with another GPU on the PCIe tree (nvml::kTopology*).
   Field<int> common_ancestor(const NvmlDevice& other);

@@ -80,7 +80,13 @@ std::optional<int> CudaRuntime::device_for_bus_id(const std::string& bus_id, std
     return std::nullopt;
   }
   int dev = -1;
-  const int e = api_.cudaDeviceGetByPCIBusId(&dev, bus_id.c_str());
+  int e = api_.cudaDeviceGetByPCIBusId(&dev, bus_id.c_str());
+  // NVML's busId has an 8-digit domain ("00000000:18:00.0"), CUDA's own form 4 ("0000:18:00.0"): both are hex
+  // numbers to cudaDeviceGetByPCIBusId, but the form CUDA prints is tried too before giving up.
+  if (e != 0 && bus_id.find(':') == 8 && bus_id.compare(0, 4, "0000") == 0) {
+    int dev4 = -1;
+    if (api_.cudaDeviceGetByPCIBusId(&dev4, bus_id.substr(4).c_str()) == 0) e = 0, dev = dev4;
+  }
   if (e != 0) {
     *error = fmt::format("no CUDA device at PCI bus id {} ({}; CUDA_VISIBLE_DEVICES may hide it)", bus_id, err(e));
     return std::nullopt;

@@ -98,14 +98,30 @@ std::optional<CudaDriverRequirement> cuda_driver_requirement(int cuda_major, int
   return std::nullopt;
 }
 
+namespace {
+// The minimum driver for CUDA minor-version compatibility is one per major (Table 2: 13.x >= 580, ...): it holds
+// for a minor release newer than the table too (a CUDA 13.1 runtime on driver 580, which supports 13.0).
+// (The x.0 rows give their own GA driver, which for 11.0 is below 11.x's 450.80.02: a later row of the major is
+// preferred.)
+std::optional<std::string_view> minor_compat_driver(int cuda_major) {
+  std::optional<std::string_view> ga_row;
+  for (const auto& r : cuda_driver_table()) {
+    if (r.cuda_major != cuda_major) continue;
+    if (r.cuda_minor > 0) return r.min_driver_minor;
+    ga_row = r.min_driver_minor;
+  }
+  return ga_row;
+}
+}  // namespace
+
 DriverFit driver_fits_cuda(const Version& driver, int cuda_int, std::optional<int> driver_cuda_int) {
   const Version cuda = Version::from_cuda_int(cuda_int);
   // The driver's own statement (nvmlSystemGetCudaDriverVersion) is authoritative when present.
   if (driver_cuda_int) {
     const Version supported = Version::from_cuda_int(*driver_cuda_int);
     if (supported >= cuda) return DriverFit::Full;
-    auto req = cuda_driver_requirement(cuda.major(), cuda.minor());
-    if (req && supported.major() == cuda.major() && driver >= *Version::parse(req->min_driver_minor))
+    const auto compat = minor_compat_driver(cuda.major());
+    if (compat && supported.major() == cuda.major() && driver >= *Version::parse(*compat))
       return DriverFit::MinorCompat;
     return DriverFit::TooOld;
   }
