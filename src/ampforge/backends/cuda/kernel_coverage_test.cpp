@@ -32,20 +32,7 @@ void end_op(void*) {}
 // The CUDA backend's kernels, registered here when no device did it at start-up.
 void register_cuda_kernels() {
   ensure_backends_registered();
-  if (cuda::is_available()) return;  // register_cuda_backend() has run
-  cuda::register_copy_cuda();
-  cuda::register_elementwise_cuda();
-  cuda::register_unary_cuda();
-  cuda::register_random_cuda();
-  cuda::register_reduce_cuda();
-  cuda::register_softmax_cuda();
-  cuda::register_optim_cuda();
-  cuda::register_blas_cuda();
-  cuda::register_conv_cuda();
-  cuda::register_pool_cuda();
-  cuda::register_norm_cuda();
-  cuda::register_embedding_cuda();
-  cuda::register_attention_cuda();
+  if (!cuda::is_available()) cuda::register_kernels_cuda();  // else register_cuda_backend() has
 }
 
 }  // namespace

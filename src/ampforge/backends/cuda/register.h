@@ -8,6 +8,10 @@ class Tensor;
 
 namespace ampforge::cuda {
 
+// Every family below (register_cuda_backend() calls it once a device exists; registration only stores function
+// pointers, so a test may call it without one).
+void register_kernels_cuda();
+
 void register_elementwise_cuda();  // elementwise.cu: fill, copy (with copy.cpp), arange, binary, compare, where
 void register_unary_cuda();        // unary.cu: unary ops and the elementwise backward ops
 void register_random_cuda();       // random.cu: rand_uniform, rand_normal, dropout

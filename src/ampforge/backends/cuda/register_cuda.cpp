@@ -19,20 +19,26 @@ bool register_cuda_backend() {
   // memory::caching_allocator_for(cuda:N), and so memory::trace_start/step/allocator_stats(Device) and the
   // profiler's memory samples, reach each device's caching allocator.
   memory::set_caching_allocator_resolver(DeviceType::CUDA, [](int device) { return cuda::caching_allocator(device); });
-  cuda::register_copy_cuda();
-  cuda::register_elementwise_cuda();
-  cuda::register_unary_cuda();
-  cuda::register_random_cuda();
-  cuda::register_reduce_cuda();
-  cuda::register_softmax_cuda();
-  cuda::register_optim_cuda();
-  cuda::register_blas_cuda();
-  cuda::register_conv_cuda();
-  cuda::register_pool_cuda();
-  cuda::register_norm_cuda();
-  cuda::register_embedding_cuda();
-  cuda::register_attention_cuda();
+  cuda::register_kernels_cuda();
   return true;
 }
+
+namespace cuda {
+void register_kernels_cuda() {
+  register_copy_cuda();
+  register_elementwise_cuda();
+  register_unary_cuda();
+  register_random_cuda();
+  register_reduce_cuda();
+  register_softmax_cuda();
+  register_optim_cuda();
+  register_blas_cuda();
+  register_conv_cuda();
+  register_pool_cuda();
+  register_norm_cuda();
+  register_embedding_cuda();
+  register_attention_cuda();
+}
+}  // namespace cuda
 
 }  // namespace ampforge
