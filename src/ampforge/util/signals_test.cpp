@@ -130,5 +130,13 @@ TEST(WatchSignalDeathTest, DieBySignalEndsTheProcessAsTheDefaultActionWould) {
   EXPECT_EXIT(die_by_signal(SIGCHLD), testing::ExitedWithCode(128 + SIGCHLD), "");
 }
 
+// Every test binary links tests/crash_report.cpp: a crash prints the faulting thread's stack, then the process
+// still dies by the signal (ctest and CI see the same SegFault, with the stack in the test's output).
+TEST(CrashReportDeathTest, ACrashPrintsTheStackAndEndsByTheSignal) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::raise(SIGSEGV), testing::KilledBySignal(SIGSEGV), "crash: stack of the faulting thread");
+  EXPECT_EXIT(std::raise(SIGFPE), testing::KilledBySignal(SIGFPE), "crash: stack");
+}
+
 }  // namespace
 }  // namespace ampforge
