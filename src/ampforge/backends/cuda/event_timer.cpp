@@ -4,6 +4,7 @@
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/log.h"
 
 namespace ampforge::cuda {
 
@@ -19,8 +20,12 @@ EventTimer::EventTimer(int device) : device_(device), impl_(nullptr) {
 
 EventTimer::~EventTimer() {
   if (impl_ == nullptr) return;
-  DeviceGuard guard(device_);
-  for (cudaEvent_t e : impl_->events) AF_CUDA_WARN(cudaEventDestroy(e));
+  try {  // selecting the device fails after a device loss: a destructor must not throw (std::terminate)
+    DeviceGuard guard(device_);
+    for (cudaEvent_t e : impl_->events) AF_CUDA_WARN(cudaEventDestroy(e));
+  } catch (const std::exception& e) {
+    log(LogLevel::Warn, "EventTimer: events of cuda:{} not destroyed: {}", device_, e.what());
+  }
   delete impl_;
 }
 

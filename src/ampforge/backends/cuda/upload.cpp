@@ -16,6 +16,7 @@
 #include "ampforge/backends/cuda/runtime.h"
 #include "ampforge/memory/caching_allocator.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/log.h"
 
 namespace ampforge::cuda {
 
@@ -50,7 +51,7 @@ Uploader::Uploader(int device, int buffers) : device_(device), impl_(new Impl) {
 }
 
 Uploader::~Uploader() {
-  {
+  try {  // selecting the device fails after a device loss: a destructor must not throw (std::terminate)
     DeviceGuard guard(device_);
     for (auto& b : impl_->buffers) {
       if (b.done != nullptr) {
@@ -60,6 +61,8 @@ Uploader::~Uploader() {
       }
       if (b.host != nullptr) AF_CUDA_WARN(cudaFreeHost(b.host));
     }
+  } catch (const std::exception& e) {
+    log(LogLevel::Warn, "Uploader: staging buffers of cuda:{} not released: {}", device_, e.what());
   }
   delete impl_;
 }
