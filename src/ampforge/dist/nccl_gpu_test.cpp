@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/backends/cuda/gpu_testutil.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/data/dataset.h"
 #include "ampforge/dist/dist_test_util.h"
@@ -69,17 +70,9 @@ TEST(DistNccl, CollectivesOnAWorldOfOne) {
   c->barrier();
 }
 
-// Bit-for-bit equality of two runs needs kernels that repeat bit for bit: cuDNN's heuristics may choose an
-// atomics-based (non-deterministic) backward convolution, so both runs ask for deterministic algorithms only.
-struct DeterministicCudnn {
-  const bool before = cuda::cudnn_deterministic();
-  DeterministicCudnn() { cuda::set_cudnn_deterministic(true); }
-  ~DeterministicCudnn() { cuda::set_cudnn_deterministic(before); }
-};
-
 TEST(DistNccl, DataParallelWorldOfOneEqualsPlainTraining) {
   AF_REQUIRE_GPU_AND_NCCL();
-  const DeterministicCudnn deterministic;
+  const testutil::DeterministicCudnn deterministic;  // bit-for-bit equality of the two runs
   auto data = std::make_shared<data::SyntheticDataset>(64, Shape{1, 28, 28}, 10, 1);
   auto run = [&](CommunicatorPtr comm) {
     manual_seed(7);

@@ -32,7 +32,6 @@ inline constexpr Return kErrorNotFound = 6;
 inline constexpr Return kErrorInsufficientSize = 7;
 inline constexpr Return kErrorDriverNotLoaded = 9;
 inline constexpr Return kErrorGpuIsLost = 15;
-inline constexpr Return kErrorArgumentVersionMismatch = 25;
 // What a function removed from the driver answers (NVML's deprecation notices: functions deprecated in CUDA 13.0,
 // nvmlDeviceGetTemperature and nvmlDeviceGetCurrentClocksThrottleReasons among them, are removed in CUDA 14.0).
 inline constexpr Return kErrorDeprecated = 26;

@@ -10,15 +10,14 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/cli/cli_test_util.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/profiler/activity_file.h"
 #include "ampforge/profiler/device.h"
@@ -174,13 +173,6 @@ TEST(ProfilerGpu, SessionMapsTheBackendsKernelsToTheirOps) {
   EXPECT_GT(rep.busy_ns, 0);
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // `ampforge profile -- ampforge train --device cuda --profile`: the driver loads the injection library in
 // the child's cuInit (CUDA_INJECTION64_PATH), the file is completed at the child's exit (atexit), and the
 // child's host ranges are merged, so kernels map to ops.
@@ -188,14 +180,14 @@ TEST(ProfilerGpu, ProfileCommandObservesAChildsCudaTraining) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
   ASSERT_FALSE(cupti_injection_library().empty()) << "a GPU is present but the CUPTI injection library was not built";
   const std::string bin = std::string(AMPFORGE_BINARY_DIR) + "/bin/ampforge";
-  if (::access(bin.c_str(), X_OK) != 0) GTEST_SKIP() << bin << " was not built";
+  ASSERT_EQ(::access(bin.c_str(), X_OK), 0) << bin << " was not built (the ampforge target)";
   const std::string dir = ::testing::TempDir();
   const std::string out = dir + "/af_prof_gpu_child.out", err = dir + "/af_prof_gpu_child.err";
   const std::string cmd = bin + " profile --json -- " + bin +
                           " train --device cuda --dataset synthetic --synthetic-size 256 --batch 32 --epochs 1"
                           " --max-steps 4 --no-progress --profile >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
-  const std::string o = slurp(out), e = slurp(err);
+  const std::string o = cli::testing::read_text(out), e = cli::testing::read_text(err);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << e;
   const nlohmann::json j = nlohmann::json::parse(o);  // the child prints nothing on stdout
   EXPECT_EQ(j["exit_code"], 0);

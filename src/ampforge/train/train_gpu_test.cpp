@@ -22,16 +22,6 @@ using namespace ampforge::testutil;
 
 namespace {
 
-// Tests that compare two runs step by step need the same bits from both: cuDNN's default algorithms may
-// accumulate with atomics (a run-to-run difference that F16 rounding and Adam's sign-like first steps amplify).
-struct DeterministicCudnn {
-  bool before = cuda::cudnn_deterministic();
-  DeterministicCudnn() { cuda::set_cudnn_deterministic(true); }
-  ~DeterministicCudnn() { cuda::set_cudnn_deterministic(before); }
-  DeterministicCudnn(const DeterministicCudnn&) = delete;
-  DeterministicCudnn& operator=(const DeterministicCudnn&) = delete;
-};
-
 // A classification batch (no detection targets).
 data::Batch batch_of(const Tensor& x, const Tensor& y) {
   data::Batch b;

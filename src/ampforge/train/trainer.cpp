@@ -341,7 +341,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     if (rank == 0) {
       // The weight average is swapped in and the model's own weights written back: the same values, so F32
       // masters (--master-weights) stay as they are instead of restarting from the 16-bit parameters.
-      const std::vector<char> masters = opt.masters_in_sync();
+      const std::vector<char> masters = ema ? opt.masters_in_sync() : std::vector<char>{};
       m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
       if (ema) opt.keep_masters_after_restore(masters);
     }

@@ -22,6 +22,17 @@ namespace ampforge::testutil {
 
 inline const Device kCuda0{DeviceType::CUDA, 0};
 
+// Deterministic cuDNN algorithms while alive (then the previous setting): tests that compare two runs bit for bit,
+// or step by step, need kernels that repeat bit for bit, and cuDNN's heuristics may choose an atomics-based
+// backward convolution (a run-to-run difference that F16 rounding and Adam's sign-like first steps amplify).
+struct DeterministicCudnn {
+  bool before = cuda::cudnn_deterministic();
+  DeterministicCudnn() { cuda::set_cudnn_deterministic(true); }
+  ~DeterministicCudnn() { cuda::set_cudnn_deterministic(before); }
+  DeterministicCudnn(const DeterministicCudnn&) = delete;
+  DeterministicCudnn& operator=(const DeterministicCudnn&) = delete;
+};
+
 inline Tensor to_cuda(const Tensor& t) { return ops::to_device(t, kCuda0); }
 inline Tensor to_cpu(const Tensor& t) { return ops::to_device(t, kCPU); }
 inline Tensor absolute(const Tensor& t) { return ops::unary(OpId::abs, t); }
