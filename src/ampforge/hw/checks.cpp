@@ -121,6 +121,71 @@ void check_driver_runtime(const DoctorReport& r, Checks& c) {
   }
 }
 
+// Can the CUDA runtime use the GPUs NVML shows? NVML answers from the kernel module, so every GPU check can pass
+// while training cannot start: the commonest causes each have their own cudaGetDeviceCount status.
+void check_cuda_devices(const DoctorReport& r, Checks& c) {
+  const std::string id = "driver.cuda_devices";
+  const auto& cd = r.cuda_devices;
+  if (!cd.asked) return;  // no GPU, or no usable CUDA runtime library (driver.cuda_runtime says which)
+  unsigned shown = 0;
+  for (const auto& g : r.gpus) shown += !g.lost;
+  const std::string hidden_by =
+      cd.visible_devices ? fmt::format(" (CUDA_VISIBLE_DEVICES='{}')", *cd.visible_devices) : std::string();
+  if (cd.count > 0) {
+    if (static_cast<unsigned>(cd.count) >= r.gpus.size())
+      c.add(id, std::nullopt, Verdict::Pass,
+            fmt::format("The CUDA runtime sees the {} GPU{} the driver shows{}", r.gpus.size(),
+                        r.gpus.size() == 1 ? "" : "s", hidden_by));
+    else if (static_cast<unsigned>(cd.count) >= shown || cd.visible_devices)
+      c.add(id, std::nullopt, Verdict::Pass,
+            fmt::format("The CUDA runtime sees {} of the {} GPUs the driver shows{}", cd.count, r.gpus.size(),
+                        cd.visible_devices ? hidden_by : " (the others are lost: gpuN.status)"));
+    else
+      c.add(id, std::nullopt, Verdict::Warn,
+            fmt::format("The CUDA runtime sees {} of the {} working GPUs the driver shows", cd.count, shown),
+            "a GPU the runtime leaves out is usually in a bad state: look for Xid messages in `dmesg` and at "
+            "`nvidia-smi -q`; MIG mode also hides a GPU until instances are created");
+    return;
+  }
+  // The cudaError_t values are the CUDA runtime's (driver_types.h).
+  std::string fix;
+  switch (cd.status) {
+    case 35:  // cudaErrorInsufficientDriver
+      fix = "install " + driver_needed_hint(r.libraries) + ", or use a CUDA runtime this driver supports";
+      break;
+    case 46:  // cudaErrorDevicesUnavailable
+      fix = "every GPU is in exclusive-process or prohibited compute mode and taken: stop the process holding it "
+            "(gpuN.processes), or `sudo nvidia-smi -c DEFAULT`";
+      break;
+    case 100:  // cudaErrorNoDevice
+      fix = cd.visible_devices
+                ? "CUDA_VISIBLE_DEVICES hides every GPU: unset it, or list GPUs by index or UUID (nvidia-smi -L)"
+                : "this process cannot open the GPUs' device nodes: in a container, start it with the NVIDIA "
+                  "container toolkit (docker run --gpus all); otherwise check the permissions of /dev/nvidia*";
+      break;
+    case 802:  // cudaErrorSystemNotReady
+      fix = "an NVSwitch system (HGX/DGX) needs the fabric manager before CUDA can start: `sudo systemctl enable "
+            "--now nvidia-fabricmanager` (the same version as the driver); `nvidia-smi -q | grep -A2 Fabric` shows "
+            "its state";
+      break;
+    case 803:  // cudaErrorSystemDriverMismatch
+      fix = "the user-mode driver (libcuda.so) and the kernel module are different versions: reboot after a driver "
+            "update, or in a container use the host's libcuda (NVIDIA container toolkit) instead of one in the image";
+      break;
+    case 804:  // cudaErrorCompatNotSupportedOnDevice
+      fix = "the CUDA forward-compatibility package works on data-centre GPUs only: remove cuda-compat from "
+            "LD_LIBRARY_PATH, or update the driver";
+      break;
+    default:  // 3 (initialisation), 999 (unknown), ...
+      fix = "look for Xid messages in `dmesg`, make sure `nvidia-smi` works, then reload the driver or reboot";
+      break;
+  }
+  c.add(id, std::nullopt, Verdict::Fail,
+        fmt::format("The driver shows {} GPU{}, but the CUDA runtime can use none: {}{}", r.gpus.size(),
+                    r.gpus.size() == 1 ? "" : "s", cd.error.empty() ? "it reports 0 devices" : cd.error, hidden_by),
+        fix);
+}
+
 void check_cudnn(const DoctorReport& r, Checks& c) {
   const std::string id = "cudnn.runtime";
   const auto& l = r.libraries;
@@ -565,6 +630,7 @@ void evaluate_checks(DoctorReport& r) {
   Checks c{r.checks};
   check_driver(r, c);
   check_driver_runtime(r, c);
+  check_cuda_devices(r, c);
   check_cudnn(r, c);
   check_blas(r, c);
   check_framework(r.python, r.python.torch, "python.torch_version", kMinTorchVersion, "torch", c);

@@ -24,7 +24,11 @@ struct CliResult {
   double seconds = 0;
 };
 
-// The environment every scenario starts from: the fakes, no CUDA libraries, no Python, no colour, and
+// As an environment value: remove the variable from the child's environment.
+inline constexpr const char* kUnset = "\x01(unset)";
+
+// The environment every scenario starts from: the fakes, no CUDA libraries, no Python, no colour, every GPU
+// visible (whatever the test machine's CUDA_VISIBLE_DEVICES), and
 // OpenBLAS's kernels as the process chooses them (an OPENBLAS_CORETYPE of the machine's environment would make
 // host.blas_kernels say "set by the user"; empty is unset for OpenBLAS and ampforge alike).
 inline std::map<std::string, std::string> fake_env(const std::string& scenario) {
@@ -36,6 +40,7 @@ inline std::map<std::string, std::string> fake_env(const std::string& scenario) 
           {"AMPFORGE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2"},
           {"AMPFORGE_PYTHON", "/nonexistent/python3"},
           {"NO_COLOR", "1"},
+          {"CUDA_VISIBLE_DEVICES", kUnset},
           {"FAKE_NVML_SCENARIO", scenario}};
 }
 
@@ -50,7 +55,10 @@ class Spawned {
       ::dup2(o[1], 1);
       ::dup2(e[1], 2);
       ::close(o[0]), ::close(o[1]), ::close(e[0]), ::close(e[1]);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : env) {
+        if (v == kUnset) ::unsetenv(k.c_str());
+        else ::setenv(k.c_str(), v.c_str(), 1);
+      }
       std::vector<std::string> argv_s = {ampforge_binary()};
       argv_s.insert(argv_s.end(), args.begin(), args.end());
       std::vector<char*> argv;

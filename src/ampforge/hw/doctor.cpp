@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/timer.h"
@@ -156,8 +157,19 @@ DoctorReport run_doctor(const DoctorOptions& options) {
       for (auto& g : r.gpus)
         if (g.index == d.index()) sync_status(g, d);
 
-    // Under load: only with a CUDA runtime that sees the GPU.
+    // Whether the CUDA runtime can use what NVML shows (the driver.cuda_devices check).
     std::unique_ptr<CudaRuntime> cuda;
+    if (!r.gpus.empty()) {
+      cuda = CudaRuntime::open();
+      auto& cd = r.cuda_devices;
+      cd.asked = cuda->loaded();
+      cd.count = cuda->device_count();
+      cd.status = cuda->count_status();
+      if (!cuda->ok()) cd.error = cd.status != 0 ? cuda->error_text(cd.status) : cuda->error();
+      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) cd.visible_devices = v;
+    }
+
+    // Under load: only with a CUDA runtime that sees the GPU.
     for (auto& d : devices) {
       GpuReport* g = nullptr;
       for (auto& gr : r.gpus)

@@ -82,6 +82,18 @@ struct DriverReport {
   Field<unsigned> gpu_count;
 };
 
+// What the CUDA runtime makes of the GPUs the driver shows: NVML talks to the kernel module, the runtime to the
+// user-mode driver (libcuda) and the device nodes, and either can work without the other (an HGX board without
+// its fabric manager, a container started without the GPUs' device nodes, CUDA_VISIBLE_DEVICES hiding them).
+// Asked only when NVML shows a GPU and a CUDA runtime is installed.
+struct CudaDevicesReport {
+  bool asked = false;
+  int count = 0;       // devices the runtime sees (after CUDA_VISIBLE_DEVICES)
+  int status = 0;      // cudaGetDeviceCount's cudaError_t (0: success)
+  std::string error;   // why the runtime is unusable ("" when it sees a device)
+  std::optional<std::string> visible_devices;  // CUDA_VISIBLE_DEVICES when set (even empty: that hides every GPU)
+};
+
 // The CPU BLAS kernels (filled by the caller from backends/cpu/blas_kernels.h: hw sits below the backends).
 struct BlasReport {
   bool known = false;       // false: nobody filled it in (the check is skipped)
@@ -108,6 +120,7 @@ struct DoctorOptions {
 struct DoctorReport {
   std::string ampforge_version;
   DriverReport driver;
+  CudaDevicesReport cuda_devices;
   LibrariesReport libraries;
   HostInfo host;
   BlasReport blas;

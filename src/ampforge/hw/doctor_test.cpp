@@ -115,12 +115,11 @@ TEST(Doctor, SchemaValidatorRejectsBadDocuments) {
 TEST(Doctor, HealthyH200Passes) {
   auto d = doctor_json(fake_env("healthy_h200"));
   EXPECT_EQ(d.exit_code, 0);
-  for (const char* id : {"driver.present", "driver.cuda_runtime", "gpu0.status", "gpu0.pcie_link", "gpu0.pcie_slot",
-                         "gpu0.temperature", "gpu0.throttle", "gpu0.power", "gpu0.ecc", "gpu0.processes"})
+  for (const char* id : {"driver.present", "driver.cuda_runtime", "driver.cuda_devices", "gpu0.status",
+                         "gpu0.pcie_link", "gpu0.pcie_slot", "gpu0.pcie_bandwidth", "gpu0.temperature", "gpu0.throttle",
+                         "gpu0.power", "gpu0.ecc", "gpu0.processes"})
     EXPECT_EQ(status(d, id), "PASS") << id << ": " << message(d, id);
-  // No real GPU behind the fake CUDA runtime: bandwidth is skipped, with the runtime's reason.
-  EXPECT_EQ(status(d, "gpu0.pcie_bandwidth"), "SKIP");
-  EXPECT_NE(message(d, "gpu0.pcie_bandwidth").find("insufficient"), std::string::npos);
+  EXPECT_EQ(message(d, "driver.cuda_devices"), "The CUDA runtime sees the 1 GPU the driver shows");
   const auto& g = d.report["gpus"][0];
   EXPECT_EQ(g["name"], "NVIDIA H200");
   EXPECT_EQ(g["compute_capability"], "9.0");
@@ -178,18 +177,22 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   EXPECT_EQ(d.report["driver"]["cuda_version"], "13.0");
   EXPECT_EQ(d.report["driver"]["nvml_version"], "13.580.95.05");
 
-  // Without a runtime that sees the GPU the link is read only while idle, at Gen1: not judged.
-  env.erase("FAKE_CUDART_DEVICES");
-  auto idle = doctor_json(env);
+  // Without a CUDA runtime the link is read only while idle, at Gen1: not judged.
+  auto no_runtime = env;
+  no_runtime["AMPFORGE_CUDART_LIBRARY"] = "/nonexistent/libcudart.so.13";
+  auto idle = doctor_json(no_runtime);
   EXPECT_EQ(idle.exit_code, 0);
   EXPECT_EQ(idle.report["summary"]["warn"], 0) << idle.text;
   EXPECT_EQ(status(idle, "gpu0.pcie_link"), "SKIP");
   EXPECT_NE(message(idle, "gpu0.pcie_link").find("Gen1 x16 while idle"), std::string::npos);
+  EXPECT_EQ(status(idle, "driver.cuda_devices"), "absent");  // nothing to ask
+  env.erase("FAKE_CUDART_DEVICES");
 
   // A CUDA 13.1 runtime on driver 580 (CUDA 13.0): minor-version compatibility, a warning, not a failure.
   env["FAKE_CUDART_VERSION"] = "13010";
   auto newer = doctor_json(env);
   EXPECT_EQ(status(newer, "driver.cuda_runtime"), "WARN") << message(newer, "driver.cuda_runtime");
+  EXPECT_EQ(status(newer, "driver.cuda_devices"), "PASS") << message(newer, "driver.cuda_devices");
   EXPECT_EQ(newer.exit_code, 0);
 
   // The hypervisor's port above the GPU claims Gen1 while the link runs at Gen5 under load: not believed.
@@ -200,6 +203,62 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   EXPECT_EQ(status(vport, "gpu0.pcie_slot"), "SKIP") << message(vport, "gpu0.pcie_slot");
   EXPECT_EQ(status(vport, "gpu0.pcie_link"), "PASS") << message(vport, "gpu0.pcie_link");
   EXPECT_EQ(vport.exit_code, 0);
+}
+
+// NVML answers from the kernel module, so every per-GPU check can pass on a machine where training cannot start:
+// the CUDA runtime's own verdict is a check, with the fix for each common cause.
+TEST(Doctor, RuntimeThatCannotUseTheGpusFails) {
+  // An HGX board without its fabric manager: cudaGetDeviceCount says "system not yet initialized" (802).
+  auto env = fake_env("healthy_h200");
+  env["FAKE_CUDART_ERROR"] = "802";
+  auto fm = doctor_json(env);
+  EXPECT_EQ(fm.exit_code, 1);
+  EXPECT_EQ(status(fm, "driver.cuda_devices"), "FAIL");
+  EXPECT_NE(message(fm, "driver.cuda_devices").find("system not yet initialized (cudaError 802)"), std::string::npos)
+      << message(fm, "driver.cuda_devices");
+  std::string fix;
+  for (const auto& c : fm.report["checks"])
+    if (c["id"] == "driver.cuda_devices") fix = c["fix"].get<std::string>();
+  EXPECT_NE(fix.find("nvidia-fabricmanager"), std::string::npos) << fix;
+  EXPECT_EQ(status(fm, "gpu0.status"), "PASS");  // what NVML sees is fine
+  EXPECT_EQ(status(fm, "gpu0.temperature"), "PASS");
+
+  // CUDA_VISIBLE_DEVICES="" hides every GPU (the runtime's "no CUDA-capable device", 100); the text form names it.
+  env = fake_env("healthy_h200");
+  env["CUDA_VISIBLE_DEVICES"] = "";
+  auto t = run_ampforge({"doctor", "--no-bandwidth"}, env);
+  EXPECT_EQ(t.exit_code, 1);
+  EXPECT_NE(t.out.find("no CUDA-capable device is detected (cudaError 100) (CUDA_VISIBLE_DEVICES='')"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(t.out.find("CUDA_VISIBLE_DEVICES hides every GPU"), std::string::npos) << t.out;
+
+  // One of two GPUs visible by choice: a pass that says so. One missing without that: a warning.
+  env = fake_env("nvlink_pair");
+  env["CUDA_VISIBLE_DEVICES"] = "1";
+  auto one = doctor_json(env, {"--no-bandwidth"});
+  EXPECT_EQ(status(one, "driver.cuda_devices"), "PASS");
+  EXPECT_EQ(message(one, "driver.cuda_devices"),
+            "The CUDA runtime sees 1 of the 2 GPUs the driver shows (CUDA_VISIBLE_DEVICES='1')");
+  env = fake_env("nvlink_pair");
+  env["FAKE_CUDART_DEVICES"] = "1";
+  auto missing = doctor_json(env, {"--no-bandwidth"});
+  EXPECT_EQ(status(missing, "driver.cuda_devices"), "WARN") << message(missing, "driver.cuda_devices");
+  EXPECT_EQ(missing.exit_code, 0);
+  env["FAKE_CUDART_DEVICES"] = "2";
+  EXPECT_EQ(status(doctor_json(env, {"--no-bandwidth"}), "driver.cuda_devices"), "PASS");
+
+  // A driver too old for the runtime: the runtime refuses too (35), and both checks give the driver to install.
+  auto old = doctor_json(fake_env("old_driver"), {"--no-bandwidth"});
+  EXPECT_EQ(status(old, "driver.cuda_runtime"), "FAIL");
+  EXPECT_EQ(status(old, "driver.cuda_devices"), "FAIL");
+  EXPECT_NE(message(old, "driver.cuda_devices").find("insufficient"), std::string::npos)
+      << message(old, "driver.cuda_devices");
+  for (const auto& c : old.report["checks"]) {
+    if (c["id"] == "driver.cuda_devices") {
+      EXPECT_NE(c["fix"].get<std::string>().find(">= 550.54.14"), std::string::npos) << c.dump();
+    }
+  }
 }
 
 TEST(Doctor, Rtx4080DowntrainedLinkFails) {

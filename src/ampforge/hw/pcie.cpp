@@ -53,8 +53,10 @@ std::unique_ptr<CudaRuntime> CudaRuntime::open() {
     rt->error_ = fmt::format("{} lacks a required runtime function", rt->lib_.path());
     return rt;
   }
+  rt->loaded_ = true;
   int n = 0;
   const int e = a.cudaGetDeviceCount(&n);
+  rt->count_status_ = e;
   if (e != 0) {
     rt->error_ = fmt::format("the CUDA runtime found no usable GPU: {}", rt->err(e));
     return rt;

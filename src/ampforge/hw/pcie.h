@@ -32,6 +32,13 @@ class CudaRuntime {
   static std::unique_ptr<CudaRuntime> open();
   bool ok() const { return ok_; }
   const std::string& error() const { return error_; }
+  // The library loaded with every function doctor needs (device counting was then tried).
+  bool loaded() const { return loaded_; }
+  // cudaGetDeviceCount's status (a cudaError_t: 0 success, 100 no device, 802 system not ready, ...); 0 when it
+  // was not called (the library is missing or incomplete).
+  int count_status() const { return count_status_; }
+  // "system not yet initialized (cudaError 802)": the runtime's text for a cudaError_t.
+  std::string error_text(int code) const { return err(code); }
   std::string library_path() const { return lib_.path(); }
   int device_count() const { return device_count_; }
 
@@ -48,6 +55,8 @@ class CudaRuntime {
 
   DynLib lib_;
   bool ok_ = false;
+  bool loaded_ = false;
+  int count_status_ = 0;
   std::string error_;
   int device_count_ = 0;
   struct Api {
