@@ -157,6 +157,11 @@ Command add_train_command(CLI::App& app) {
                 "training (torch.nn.SyncBatchNorm); default: each rank's own, as DDP");
   sub->add_option("--dist-timeout", c.dist_timeout,
                   "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
+  sub->add_option("--collective-timeout", c.collective_timeout,
+                  "Data parallel on GPUs: seconds an NCCL collective may run before the job ends with an error "
+                  "naming it (a rank that hangs or a failed network; torch.distributed's timeout). While rank 0 "
+                  "evaluates alone the others wait in a collective: keep it above the evaluation's time. 0: no "
+                  "limit")->capture_default_str();
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
   sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
   sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");

@@ -100,6 +100,7 @@ CommunicatorPtr init_process_group(const WorldInfo& world, const InitOptions& o)
     no.size = size;
     no.device = o.device.index;
     no.compute_stream = o.compute_stream;
+    no.collective_timeout_s = o.collective_timeout_s;
     no.share_id = [](NcclUniqueId& id) { mpi_broadcast_bytes(id.data(), id.size(), 0); };
     return make_nccl_communicator(no);
   }
@@ -131,6 +132,7 @@ CommunicatorPtr init_process_group(const WorldInfo& world, const InitOptions& o)
   no.size = world.size;
   no.device = o.device.index;
   no.compute_stream = o.compute_stream;
+  no.collective_timeout_s = o.collective_timeout_s;
   no.keep_alive = store;
   no.share_id = [store, rank = world.rank](NcclUniqueId& id) {
     if (rank == 0) store->set("ampforge/nccl_id", std::string(id.data(), id.size()));

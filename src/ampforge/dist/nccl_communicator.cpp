@@ -5,11 +5,14 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "ampforge/dist/watchdog.h"
 #include "ampforge/util/env.h"
 #include "ampforge/util/error.h"
 
@@ -36,6 +39,7 @@ struct nccl_unique_id {
 constexpr int kNcclUint8 = 1, kNcclInt32 = 2, kNcclInt64 = 4, kNcclFloat16 = 6, kNcclFloat32 = 7, kNcclFloat64 = 8,
               kNcclBfloat16 = 9;                                   // ncclDataType_t
 constexpr int kNcclSum = 0, kNcclMax = 2, kNcclAvg = 4;           // ncclRedOp_t
+constexpr nccl_result kNcclInProgress = 7;                         // a non-blocking communicator's pending state
 constexpr int kCuStreamNonBlocking = 0x1, kCuEventDisableTiming = 0x2, kCuErrorNotReady = 600;
 
 #if defined(AMPFORGE_HAVE_NCCL_H)
@@ -44,6 +48,9 @@ static_assert(kNcclUint8 == int{ncclUint8} && kNcclInt32 == int{ncclInt32} && kN
               kNcclFloat16 == int{ncclFloat16} && kNcclFloat32 == int{ncclFloat32} &&
               kNcclFloat64 == int{ncclFloat64});
 static_assert(kNcclSum == int{ncclSum} && kNcclMax == int{ncclMax} && kNcclAvg == int{ncclAvg});
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+static_assert(kNcclInProgress == int{ncclInProgress});
+#endif
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
 static_assert(kNcclBfloat16 == int{ncclBfloat16});
 #endif
@@ -54,6 +61,8 @@ struct Nccl {
   nccl_result (*GetUniqueId)(nccl_unique_id*) = nullptr;
   nccl_result (*CommInitRank)(nccl_comm*, int, nccl_unique_id, int) = nullptr;
   nccl_result (*CommDestroy)(nccl_comm) = nullptr;
+  nccl_result (*CommAbort)(nccl_comm) = nullptr;
+  nccl_result (*CommGetAsyncError)(nccl_comm, nccl_result*) = nullptr;
   nccl_result (*AllReduce)(const void*, void*, size_t, int, int, nccl_comm, cu_stream) = nullptr;
   nccl_result (*Broadcast)(const void*, void*, size_t, int, int, nccl_comm, cu_stream) = nullptr;
   nccl_result (*ReduceScatter)(const void*, void*, size_t, int, int, nccl_comm, cu_stream) = nullptr;
@@ -114,6 +123,8 @@ Nccl& nccl() {
     load_symbol(lib, "ncclGetUniqueId", n.GetUniqueId, missing);
     load_symbol(lib, "ncclCommInitRank", n.CommInitRank, missing);
     load_symbol(lib, "ncclCommDestroy", n.CommDestroy, missing);
+    load_symbol(lib, "ncclCommAbort", n.CommAbort, missing);
+    load_symbol(lib, "ncclCommGetAsyncError", n.CommGetAsyncError, missing);
     load_symbol(lib, "ncclAllReduce", n.AllReduce, missing);
     load_symbol(lib, "ncclBroadcast", n.Broadcast, missing);
     load_symbol(lib, "ncclReduceScatter", n.ReduceScatter, missing);
@@ -224,7 +235,9 @@ class NcclWork final : public Work {
   bool waited_ = false;
 };
 
-class NcclCommunicator final : public Communicator {
+// The watchdog (watchdog.h) watches every collective through a second event recorded after it, and NCCL's
+// asynchronous error; it aborts the communicator on a failure or timeout.
+class NcclCommunicator final : public Communicator, private WatchdogBackend {
  public:
   NcclCommunicator(const NcclOptions& o) : Communicator(o.rank, o.size), o_(o) {
     Nccl& n = nccl();
@@ -243,11 +256,16 @@ class NcclCommunicator final : public Communicator {
     o.share_id(id);
     std::copy(id.begin(), id.end(), uid.internal);
     check(n.CommInitRank(&comm_, o.size, uid, o.rank), "ncclCommInitRank");
+    WatchdogOptions wo;
+    wo.timeout_s = o.collective_timeout_s;
+    wo.where = fmt::format("rank {} (cuda:{})", o.rank, o.device);
+    watchdog_ = std::make_unique<CollectiveWatchdog>(static_cast<WatchdogBackend&>(*this), std::move(wo));
   }
   ~NcclCommunicator() override {
+    watchdog_.reset();  // first: its thread uses the communicator and the context
     Nccl& n = nccl();
     if (scratch_ != 0) n.MemFree(scratch_);
-    if (comm_ != nullptr) n.CommDestroy(comm_);
+    if (comm_ != nullptr && !aborted_) n.CommDestroy(comm_);  // ncclCommAbort has freed an aborted one
     if (stream_ != nullptr) n.StreamDestroy(stream_);
   }
   const char* backend() const override { return "nccl"; }
@@ -259,7 +277,7 @@ class NcclCommunicator final : public Communicator {
     cu_stream s = begin();
     check(nccl().AllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()),
                            nccl_op(op), comm_, s), "ncclAllReduce");
-    return end({t});
+    return end({t}, "ncclAllReduce", t.nbytes());
   }
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_tensor(t, "broadcast");
@@ -267,7 +285,7 @@ class NcclCommunicator final : public Communicator {
     cu_stream s = begin();
     check(nccl().Broadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.nbytes()), kNcclUint8, root, comm_, s),
           "ncclBroadcast");
-    return end({t});
+    return end({t}, "ncclBroadcast", t.nbytes());
   }
   WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     check_tensor(in, "reduce_scatter input", true);
@@ -279,7 +297,7 @@ class NcclCommunicator final : public Communicator {
     cu_stream s = begin();
     check(nccl().ReduceScatter(in.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), nccl_dtype(in.dtype()),
                                nccl_op(op), comm_, s), "ncclReduceScatter");
-    return end({in, out});
+    return end({in, out}, "ncclReduceScatter", in.nbytes());
   }
   WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
     check_tensor(in, "all_gather input", true);
@@ -290,7 +308,7 @@ class NcclCommunicator final : public Communicator {
     cu_stream s = begin();
     check(nccl().AllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.nbytes()), kNcclUint8, comm_, s),
           "ncclAllGather");
-    return end({in, out});
+    return end({in, out}, "ncclAllGather", out.nbytes());
   }
   void barrier() override {
     const uint8_t one = 1;
@@ -318,8 +336,13 @@ class NcclCommunicator final : public Communicator {
     AF_CU(n.MemcpyHtoDAsync(scratch_, in, bytes, s));
     check(n.AllGather(reinterpret_cast<void*>(scratch_), reinterpret_cast<void*>(scratch_ + bytes), bytes, kNcclUint8,
                       comm_, s), "ncclAllGather");
+    watch("ncclAllGather of host values", bytes * static_cast<size_t>(size()));
     AF_CU(n.MemcpyDtoHAsync(out, scratch_ + bytes, bytes * static_cast<size_t>(size()), s));
-    AF_CU(n.StreamSynchronize(s));
+    // A rank that stopped taking part blocks this wait until the watchdog aborts the communicator; what was
+    // gathered is then garbage, and the check says why.
+    const cu_result synced = n.StreamSynchronize(s);
+    watchdog_->check();
+    if (synced != 0) AF_THROW(Internal, "cuStreamSynchronize after ncclAllGather failed: {}", cu_text(synced));
   }
 
  private:
@@ -330,8 +353,10 @@ class NcclCommunicator final : public Communicator {
     AF_THROW(Internal, "{} failed on rank {} (device cuda:{}): {}{}{} (NCCL_DEBUG=WARN shows NCCL's own log)", what,
              rank(), o_.device, n.GetErrorString(r), last && *last ? ": " : "", last ? last : "");
   }
-  // The NCCL stream waits for the compute stream's work so far (device-side).
+  // The NCCL stream waits for the compute stream's work so far (device-side). Throws the watchdog's failure
+  // once there is one: the communicator is then aborted.
   cu_stream begin() {
+    watchdog_->check();
     Nccl& n = nccl();
     AF_CU(n.CtxSetCurrent(ctx_));
     cu_event ready = nullptr;
@@ -341,20 +366,59 @@ class NcclCommunicator final : public Communicator {
     AF_CU(n.EventDestroy(ready));
     return stream_;
   }
-  WorkPtr end(std::vector<Tensor> keep) {
+  WorkPtr end(std::vector<Tensor> keep, const char* what, int64_t bytes) {
     Nccl& n = nccl();
     cu_event done = nullptr;
     AF_CU(n.EventCreate(&done, kCuEventDisableTiming));
     AF_CU(n.EventRecord(done, stream_));
-    return std::make_shared<NcclWork>(done, compute_, std::move(keep));
+    WorkPtr work = std::make_shared<NcclWork>(done, compute_, std::move(keep));
+    watch(what, static_cast<size_t>(bytes));
+    return work;
+  }
+  // Hands the watchdog an event that completes with the collective just enqueued (its own: a Work's event
+  // goes with the Work).
+  void watch(const char* what, size_t bytes) {
+    Nccl& n = nccl();
+    cu_event marker = nullptr;
+    AF_CU(n.EventCreate(&marker, kCuEventDisableTiming));
+    if (const cu_result r = n.EventRecord(marker, stream_); r != 0) {
+      n.EventDestroy(marker);
+      AF_THROW(Internal, "cuEventRecord failed: {}", cu_text(r));
+    }
+    watchdog_->launched(marker, fmt::format("{} of {} bytes", what, bytes));
+  }
+
+  // WatchdogBackend, on the watchdog's thread. NCCL allows ncclCommGetAsyncError and ncclCommAbort from a
+  // thread other than the one enqueuing (the way PyTorch's watchdog uses them).
+  void attach_thread() override { nccl().CtxSetCurrent(ctx_); }
+  bool query(void* marker, std::string* error) override {
+    const cu_result r = nccl().EventQuery(static_cast<cu_event>(marker));
+    if (r == kCuErrorNotReady) return false;
+    if (r != 0) *error = cu_text(r);
+    return r == 0;
+  }
+  void release(void* marker) override { nccl().EventDestroy(static_cast<cu_event>(marker)); }
+  std::string async_error() override {
+    if (aborted_) return {};
+    Nccl& n = nccl();
+    nccl_result e = 0;
+    if (n.CommGetAsyncError(comm_, &e) != 0 || e == 0 || e == kNcclInProgress) return {};
+    const char* last = n.GetLastError != nullptr ? n.GetLastError(comm_) : nullptr;
+    return fmt::format("{}{}{}", n.GetErrorString(e), last && *last ? ": " : "", last ? last : "");
+  }
+  void abort() override {
+    if (aborted_.exchange(true)) return;
+    nccl().CommAbort(comm_);
   }
 
   NcclOptions o_;
   cu_context ctx_ = nullptr;
   cu_stream stream_ = nullptr, compute_ = nullptr;
   nccl_comm comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
   cu_ptr scratch_ = 0;
   size_t scratch_bytes_ = 0;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // last: destroyed first (the destructor resets it anyway)
 };
 
 }  // namespace
@@ -366,6 +430,8 @@ CommunicatorPtr make_nccl_communicator(const NcclOptions& o) {
   AF_CHECK(st.available, "NCCL is not available: {}", st.reason);
   AF_CHECK(o.share_id != nullptr, "make_nccl_communicator: no way to share the unique id (share_id is empty)");
   AF_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size, "NCCL: rank {} is not in a world of {}", o.rank, o.size);
+  AF_CHECK(o.collective_timeout_s >= 0, "NCCL: the collective timeout must be >= 0 seconds (0: none), got {}",
+           o.collective_timeout_s);
   return std::make_shared<NcclCommunicator>(o);
 }
 

@@ -16,6 +16,9 @@
 // compute stream is ordered after the collective.
 // Host helpers (all_gather_host, barrier) copy through a small device buffer and synchronise the NCCL
 // stream: start-up and reporting only.
+// A watchdog thread (dist/watchdog.h) ends a job whose ranks stopped talking: a collective pending longer than
+// collective_timeout_s, or an asynchronous NCCL error (a peer's connection broke), aborts the communicator
+// (ncclCommAbort), and every later call on it throws that failure.
 #pragma once
 
 #include <array>
@@ -45,6 +48,9 @@ struct NcclOptions {
   // Hands rank 0's unique id to every rank: called with the id filled on rank 0, to be filled on the others
   // (a TCP store's set/get, or an MPI broadcast). Called once, on every rank.
   std::function<void(NcclUniqueId& id)> share_id;
+  // A collective still running after this many seconds ends the job (0: no limit). Generous by default: while
+  // rank 0 evaluates alone, the other ranks wait in their next collective.
+  double collective_timeout_s = 1800;
   // Kept alive as long as the communicator (the TCP store whose server runs in rank 0's process).
   std::shared_ptr<void> keep_alive;
 };

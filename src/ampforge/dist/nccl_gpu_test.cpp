@@ -4,7 +4,9 @@
 // that must equal the same run without data parallel bit for bit (one rank: averaging is the identity).
 #include "ampforge/dist/nccl_communicator.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -23,11 +25,12 @@
 namespace ampforge::dist {
 namespace {
 
-CommunicatorPtr world_of_one() {
+CommunicatorPtr world_of_one(double collective_timeout_s = 1800) {
   testing::ScopedEnv env(testing::world_of_one_env());
   InitOptions o;
   o.device = Device(DeviceType::CUDA, 0);
   o.compute_stream = cuda::compute_stream(0);
+  o.collective_timeout_s = collective_timeout_s;
   return init_process_group(detect_world(), o);
 }
 
@@ -68,6 +71,20 @@ TEST(DistNccl, CollectivesOnAWorldOfOne) {
   }
   EXPECT_EQ(c->all_gather_u64(42), std::vector<uint64_t>{42});
   c->barrier();
+}
+
+// The watchdog (dist/watchdog.h) sees collectives complete through their events: with a limit far below the
+// test's length, completed collectives never count against it, and the communicator stays usable.
+TEST(DistNccl, CompletedCollectivesNeverTripTheWatchdog) {
+  AF_REQUIRE_GPU_AND_NCCL();
+  CommunicatorPtr c = world_of_one(0.5);
+  Tensor t = ops::ones({1 << 20}, DType::F32, Device(DeviceType::CUDA, 0));
+  for (int i = 0; i < 50; ++i) c->all_reduce(t, ReduceOp::Sum)->wait();
+  c->barrier();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // three limits after the last one completed
+  EXPECT_NO_THROW(c->barrier());
+  EXPECT_NO_THROW(c->all_reduce(t, ReduceOp::Avg)->wait());
+  EXPECT_EQ(ops::to_device(t, kCPU).data<float>()[0], 1.0f);
 }
 
 TEST(DistNccl, DataParallelWorldOfOneEqualsPlainTraining) {

@@ -323,6 +323,10 @@ TEST(DistTrain, LauncherEnvironmentErrorsAreClear) {
   r = run_shell("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 " + train);
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr("CPU ranks exchange gradients over MPI"));
+  // The collective limit (NCCL's watchdog, dist/watchdog.h) is checked before any rank starts.
+  r = run_shell(train + " --collective-timeout -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--collective-timeout must be >= 0 seconds"));
 }
 
 }  // namespace

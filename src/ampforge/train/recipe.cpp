@@ -397,6 +397,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& given, nn::M
 TrainResult train(const TrainConfig& config) {
   validate(config);
   AF_CHECK(config.dist_timeout > 0, "--dist-timeout must be positive, got {}", config.dist_timeout);
+  AF_CHECK(config.collective_timeout >= 0, "--collective-timeout must be >= 0 seconds (0: no limit), got {}",
+           config.collective_timeout);
   AF_CHECK(config.zero == 0 || config.zero == 1, "--zero must be 0 or 1, got {}", config.zero);
   AF_CHECK(config.zero == 0 || dist::detect_world().distributed(), "--zero 1 shards the optimizer state over the "
            "ranks of a data-parallel job: start the ranks with mpirun, srun, torchrun or `ampforge launch`");
@@ -418,6 +420,7 @@ TrainResult train(const TrainConfig& config) {
     dist::InitOptions io;
     io.device = to.device;
     io.timeout_s = given.dist_timeout;
+    io.collective_timeout_s = given.collective_timeout;
     if (to.device.is_cuda()) io.compute_stream = cuda::compute_stream(to.device.index);
     comm = dist::init_process_group(world, io);
     if (comm->rank() != 0) given.verbose = given.progress = false;

@@ -372,6 +372,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     r.checkpoint = o_.save;
     // Sharded optimizer state is gathered from every rank (all call this); rank 0 writes the job's checkpoint.
     const auto opt_state = dp ? dp->optimizer_state() : opt.state_dict();
+    // Every rank's work so far, the collectives included, has completed before rank 0 reads the state: a
+    // communicator that failed meanwhile (a rank stopped taking part: NCCL's watchdog aborted it, and the
+    // gradients since are garbage) throws here instead of a checkpoint overwriting the last good one.
+    if (dp) dp->comm().barrier();
     if (rank != 0) return;
     CheckpointInfo info;
     info.model = label;
