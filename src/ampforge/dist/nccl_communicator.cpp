@@ -73,6 +73,7 @@ struct Nccl {
   cu_result (*Init)(unsigned) = nullptr;
   cu_result (*DeviceGet)(cu_device*, int) = nullptr;
   cu_result (*PrimaryCtxRetain)(cu_context*, cu_device) = nullptr;
+  cu_result (*PrimaryCtxRelease)(cu_device) = nullptr;
   cu_result (*CtxSetCurrent)(cu_context) = nullptr;
   cu_result (*StreamCreate)(cu_stream*, unsigned) = nullptr;
   cu_result (*StreamDestroy)(cu_stream) = nullptr;
@@ -152,6 +153,7 @@ Nccl& nccl() {
     load_symbol(cu, "cuInit", n.Init, missing);
     load_symbol(cu, "cuDeviceGet", n.DeviceGet, missing);
     load_symbol(cu, "cuDevicePrimaryCtxRetain", n.PrimaryCtxRetain, missing);
+    load_symbol(cu, "cuDevicePrimaryCtxRelease_v2", n.PrimaryCtxRelease, missing);
     load_symbol(cu, "cuCtxSetCurrent", n.CtxSetCurrent, missing);
     load_symbol(cu, "cuStreamCreate", n.StreamCreate, missing);
     load_symbol(cu, "cuStreamDestroy_v2", n.StreamDestroy, missing);
@@ -241,9 +243,25 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
  public:
   NcclCommunicator(const NcclOptions& o) : Communicator(o.rank, o.size), o_(o) {
     Nccl& n = nccl();
-    cu_device dev = 0;
-    AF_CU(n.DeviceGet(&dev, o.device));
-    AF_CU(n.PrimaryCtxRetain(&ctx_, dev));
+    AF_CU(n.DeviceGet(&dev_, o.device));
+    AF_CU(n.PrimaryCtxRetain(&ctx_, dev_));
+    try {
+      init(o);
+    } catch (...) {
+      release_resources();  // a destructor does not run for a constructor that throws
+      throw;
+    }
+  }
+  ~NcclCommunicator() override {
+    watchdog_.reset();  // first: its thread uses the communicator and the context
+    release_resources();
+  }
+  const char* backend() const override { return "nccl"; }
+  Device device() const override { return Device(DeviceType::CUDA, o_.device); }
+
+ private:
+  void init(const NcclOptions& o) {
+    Nccl& n = nccl();
     AF_CU(n.CtxSetCurrent(ctx_));
     compute_ = reinterpret_cast<cu_stream>(o.compute_stream);
     AF_CU(n.StreamCreate(&stream_, kCuStreamNonBlocking));
@@ -261,16 +279,16 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
     wo.where = fmt::format("rank {} (cuda:{})", o.rank, o.device);
     watchdog_ = std::make_unique<CollectiveWatchdog>(static_cast<WatchdogBackend&>(*this), std::move(wo));
   }
-  ~NcclCommunicator() override {
-    watchdog_.reset();  // first: its thread uses the communicator and the context
+  void release_resources() {
     Nccl& n = nccl();
     if (scratch_ != 0) n.MemFree(scratch_);
     if (comm_ != nullptr && !aborted_) n.CommDestroy(comm_);  // ncclCommAbort has freed an aborted one
     if (stream_ != nullptr) n.StreamDestroy(stream_);
+    if (ctx_ != nullptr) n.PrimaryCtxRelease(dev_);
+    scratch_ = 0, comm_ = nullptr, stream_ = nullptr, ctx_ = nullptr;
   }
-  const char* backend() const override { return "nccl"; }
-  Device device() const override { return Device(DeviceType::CUDA, o_.device); }
 
+ public:
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
     check_reducible(t, "all_reduce");
@@ -412,6 +430,7 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
   }
 
   NcclOptions o_;
+  cu_device dev_ = 0;
   cu_context ctx_ = nullptr;
   cu_stream stream_ = nullptr, compute_ = nullptr;
   nccl_comm comm_ = nullptr;
