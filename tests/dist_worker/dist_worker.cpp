@@ -7,6 +7,10 @@
 //                          the torchrun-style rendezvous (dist::detect_world + TcpStore): set/get/add, a
 //                          barrier, then a second barrier that rank R misses by exiting early or by never
 //                          connecting; prints "rank R store ok" or the error and exits 2.
+//   hang [--absent-rank R] [--timeout S] [--barrier]
+//                          the collective limit of the MPI communicator: one all_reduce every rank joins, then a
+//                          second one (or a barrier) that rank R never joins (it sleeps); the others' wait must
+//                          fail after S seconds, and the error ends the job (abort_job).
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,6 +146,28 @@ int collectives() {
   return 0;
 }
 
+int hang(int argc, char** argv) {
+  int absent_rank = 1;
+  double timeout = 1;
+  bool barrier = false;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--absent-rank") && i + 1 < argc) absent_rank = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--barrier")) barrier = true;
+  }
+  dist::CommunicatorPtr c = dist::make_mpi_communicator(timeout);
+  Tensor t = filled(DType::F32, 4, c->rank());
+  c->all_reduce(t, dist::ReduceOp::Sum)->wait();  // collective #1: everyone
+  if (c->rank() == absent_rank) {                  // alive but silent: only the others' limit ends the job
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return 0;
+  }
+  if (barrier) c->barrier();
+  else c->all_reduce(t, dist::ReduceOp::Sum)->wait();
+  std::printf("rank %d: the collective completed without rank %d\n", c->rank(), absent_rank);
+  return 1;
+}
+
 int store(int argc, char** argv) {
   int exit_rank = -1, absent_rank = -1;
   double timeout = 5;
@@ -190,7 +216,9 @@ int main(int argc, char** argv) {
   try {
     if (mode == "collectives") return collectives();
     if (mode == "store") return store(argc, argv);
-    std::fprintf(stderr, "usage: ampforge_dist_worker collectives | store [--exit-rank R] [--absent-rank R]\n");
+    if (mode == "hang") return hang(argc, argv);
+    std::fprintf(stderr, "usage: ampforge_dist_worker collectives | store [--exit-rank R] [--absent-rank R] | hang "
+                 "[--absent-rank R] [--timeout S] [--barrier]\n");
     return 2;
   } catch (const std::exception& e) {
     std::printf("error: %s\n", e.what());

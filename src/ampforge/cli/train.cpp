@@ -158,7 +158,7 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--dist-timeout", c.dist_timeout,
                   "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
   sub->add_option("--collective-timeout", c.collective_timeout,
-                  "Data parallel on GPUs: seconds an NCCL collective may run before the job ends with an error "
+                  "Data parallel: seconds a collective (NCCL or MPI) may run before the job ends with an error "
                   "naming it (a rank that hangs or a failed network; torch.distributed's timeout). While rank 0 "
                   "evaluates alone the others wait in a collective: keep it above the evaluation's time. 0: no "
                   "limit")->capture_default_str();

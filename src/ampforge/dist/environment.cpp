@@ -93,7 +93,7 @@ CommunicatorPtr init_process_group(const WorldInfo& world, const InitOptions& o)
     AF_CHECK(mpi_built(), "this process was started by an MPI launcher (rank {} of {}), but this ampforge was built "
              "without MPI: install libopenmpi-dev (scripts/setup) and rebuild, or start the ranks with torchrun / "
              "`ampforge launch --spawn` (GPUs only)", world.rank, world.size);
-    if (o.device.is_cpu()) return make_mpi_communicator();
+    if (o.device.is_cpu()) return make_mpi_communicator(o.collective_timeout_s);
     const auto [rank, size] = mpi_world();
     NcclOptions no;
     no.rank = rank;
@@ -115,7 +115,7 @@ CommunicatorPtr init_process_group(const WorldInfo& world, const InitOptions& o)
     AF_CHECK(mpi_built(), "rank {} of {} runs on the CPU, which needs MPI, and this ampforge was built without it: "
              "install libopenmpi-dev (scripts/setup) and rebuild", world.rank, world.size);
     // A world of one: MPI as a singleton (no launcher needed), so the data-parallel code path still runs.
-    return make_mpi_communicator();
+    return make_mpi_communicator(o.collective_timeout_s);
   }
   StoreOptions so;
   so.host = world.master_addr;

@@ -46,8 +46,8 @@ struct InitOptions {
   // CPU: an MPI communicator. CUDA: NCCL on this device (callers pass cuda:<local rank>).
   Device device = kCPU;
   double timeout_s = 300;       // store connection and rendezvous
-  // NCCL: a collective still running after this many seconds ends the job (0: no limit; dist/watchdog.h).
-  // MPI ranks have no such limit: their launcher ends the job when a rank exits.
+  // A collective still running after this many seconds ends the job (0: no limit): NCCL's watchdog
+  // (dist/watchdog.h) aborts the communicator; an MPI Work's wait throws, and the caller ends the job.
   double collective_timeout_s = 1800;
   uint64_t compute_stream = 0;  // CUDA: cuda::compute_stream(device.index), which NCCL orders against
 };

@@ -1,12 +1,19 @@
 #include "ampforge/dist/mpi_communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ampforge/core/half.h"
+#include "ampforge/dist/watchdog.h"
 #include "ampforge/util/error.h"
 
 #ifdef AMPFORGE_WITH_MPI
@@ -32,7 +39,7 @@ void mpi_init() { no_mpi(); }
 bool mpi_initialized() { return false; }
 std::pair<int, int> mpi_world() { no_mpi(); }
 std::pair<int, int> mpi_local_rank() { no_mpi(); }
-CommunicatorPtr make_mpi_communicator() { no_mpi(); }
+CommunicatorPtr make_mpi_communicator(double) { no_mpi(); }
 void mpi_broadcast_bytes(void*, size_t, int) { no_mpi(); }
 void mpi_abort(int) {}
 
@@ -95,6 +102,45 @@ void divide(T* p, int64_t n, int size) {
   for (int64_t i = 0; i < n; ++i) p[i] /= d;
 }
 
+// The collective limit of one communicator (--collective-timeout), shared with its Works.
+struct MpiLimit {
+  double timeout_s = 1800;  // 0: none
+  std::string where;        // "rank 0 (mpi)"
+  uint64_t launched = 0;    // collectives so far: their sequence numbers
+  bool failed = false;      // one timed out: nothing waits on this communicator any more
+};
+
+// Buffers of collectives that never completed: MPI may still write into them until the job is aborted, so they
+// are kept for the rest of the process.
+void keep_forever(std::vector<Tensor> tensors, std::vector<float> a, std::vector<float> b) {
+  struct Kept {
+    std::vector<Tensor> tensors;
+    std::vector<float> a, b;
+  };
+  static std::mutex mu;
+  static auto* kept = new std::vector<Kept>;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(Kept{std::move(tensors), std::move(a), std::move(b)});
+}
+
+// MPI_Testall until the requests complete, or false once `timeout_s` (> 0) has passed. Open MPI progresses
+// collectives only inside MPI calls, so the loop polls without pause for the first millisecond (as MPI_Waitall
+// spins), then yields the core between polls, and after 50 ms sleeps 100 us between them: a rank waiting for a
+// slower one leaves the CPU to the ranks sharing the machine.
+bool test_until_complete(std::vector<MPI_Request>& requests, double timeout_s, const char* what, double* waited) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int flag = 0;
+    const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) AF_THROW(Internal, "{} (mpi): MPI_Testall failed: {}", what, mpi_error_text(rc));
+    if (flag) return true;
+    *waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s > 0 && *waited > timeout_s) return false;
+    if (*waited > 0.05) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    else if (*waited > 0.001) sched_yield();
+  }
+}
+
 class MpiWork final : public Work {
  public:
   std::vector<MPI_Request> requests;
@@ -102,21 +148,36 @@ class MpiWork final : public Work {
   std::vector<float> staging_in, staging_out;
   std::function<void()> finish;        // after the requests complete: Avg division, 16-bit rounding
   const char* what = "";
+  int64_t bytes = 0;                   // for messages
+  uint64_t seq = 0;                    // this communicator's collective number
+  std::shared_ptr<MpiLimit> limit;
 
   ~MpiWork() override {
-    // An unfinished request must complete before its buffers go away.
-    if (!done_ && !finalized()) {
-      try {
-        wait();
-      } catch (...) {
-      }
+    // An unfinished request must complete before its buffers go away; after a timeout nothing is waited for.
+    if (done_ || finalized()) return;
+    if (limit->failed) {
+      abandon();
+      return;
+    }
+    try {
+      wait();
+    } catch (...) {
     }
   }
+  // Throws Error(Internal) naming the collective when it is still pending after the communicator's limit. MPI
+  // cannot cancel a collective: the caller ends the job (ampforge's main calls dist::abort_job, MPI_Abort).
   void wait() override {
     if (done_) return;
-    if (!requests.empty()) {
-      const int rc = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-      if (rc != MPI_SUCCESS) AF_THROW(Internal, "{} (mpi): MPI_Waitall failed: {}", what, mpi_error_text(rc));
+    if (limit->failed) {
+      abandon();
+      AF_THROW(Io, "{} (mpi) was not waited for: an earlier collective of this communicator timed out", what);
+    }
+    double waited = 0;
+    if (!requests.empty() && !test_until_complete(requests, limit->timeout_s, what, &waited)) {
+      limit->failed = true;
+      abandon();
+      const std::string named = bytes > 0 ? fmt::format("{} of {} bytes (mpi)", what, bytes) : fmt::format("{} (mpi)", what);
+      AF_THROW(Io, "{}", collective_timeout_message(named, seq, waited, limit->where));
     }
     complete();
   }
@@ -138,12 +199,21 @@ class MpiWork final : public Work {
     finish = nullptr;
     keep.clear();
   }
+  void abandon() {
+    done_ = true;
+    finish = nullptr;
+    keep_forever(std::move(keep), std::move(staging_in), std::move(staging_out));
+  }
   bool done_ = false;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, int size) : Communicator(rank, size), comm_(comm) {}
+  MpiCommunicator(MPI_Comm comm, int rank, int size, double collective_timeout_s)
+      : Communicator(rank, size), comm_(comm), limit_(std::make_shared<MpiLimit>()) {
+    limit_->timeout_s = collective_timeout_s;
+    limit_->where = fmt::format("rank {}", rank);
+  }
   ~MpiCommunicator() override {
     if (!finalized()) MPI_Comm_free(&comm_);
   }
@@ -153,8 +223,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
     check_reducible(t, "all_reduce");
-    auto w = std::make_shared<MpiWork>();
-    w->what = "all_reduce";
+    auto w = make_work("all_reduce", t.nbytes());
     w->keep = {t};
     const int64_t n = t.numel();
     if (is_16bit(t.dtype())) {
@@ -180,8 +249,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_tensor(t, "broadcast");
     AF_CHECK(root >= 0 && root < size(), "broadcast (mpi): root {} is not a rank of a world of {}", root, size());
-    auto w = std::make_shared<MpiWork>();
-    w->what = "broadcast";
+    auto w = make_work("broadcast", t.nbytes());
     w->keep = {t};
     auto* p = static_cast<char*>(t.data_ptr());
     for (int64_t off = 0; off < t.nbytes(); off += kMaxCount) {
@@ -203,8 +271,7 @@ class MpiCommunicator final : public Communicator {
              "{})", in.numel(), n * size(), size(), n);
     AF_CHECK(n <= kMaxCount, "reduce_scatter (mpi): {} elements per rank is more than one MPI call carries ({})", n,
              kMaxCount);
-    auto w = std::make_shared<MpiWork>();
-    w->what = "reduce_scatter";
+    auto w = make_work("reduce_scatter", in.nbytes());
     w->keep = {in, out};
     w->requests.emplace_back();
     if (is_16bit(in.dtype())) {
@@ -239,8 +306,7 @@ class MpiCommunicator final : public Communicator {
              "input {})", out.numel(), in.numel() * size(), size(), in.numel());
     AF_CHECK(in.nbytes() <= kMaxCount, "all_gather (mpi): {} bytes per rank is more than one MPI call carries ({})",
              in.nbytes(), kMaxCount);
-    auto w = std::make_shared<MpiWork>();
-    w->what = "all_gather";
+    auto w = make_work("all_gather", out.nbytes());
     w->keep = {in, out};
     w->requests.emplace_back();
     // In place (ZeRO-1 gathers the parameter shards into the buffer they are views of): MPI says so with
@@ -255,15 +321,34 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
-  void barrier() override { AF_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    auto w = make_work("barrier", 0);
+    w->requests.emplace_back();
+    AF_MPI(MPI_Ibarrier(comm_, &w->requests.back()));
+    w->wait();
+  }
 
  protected:
   void host_all_gather(const void* in, size_t bytes, void* out) override {
     AF_CHECK(bytes <= static_cast<size_t>(kMaxCount), "all_gather_host (mpi): {} bytes is too many", bytes);
-    AF_MPI(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE, comm_));
+    // Host buffers owned by the caller: after a timeout the job ends (abort_job) before they go away.
+    auto w = make_work("all_gather of host values", static_cast<int64_t>(bytes) * size());
+    w->requests.emplace_back();
+    AF_MPI(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE, comm_,
+                          &w->requests.back()));
+    w->wait();
   }
 
  private:
+  std::shared_ptr<MpiWork> make_work(const char* what, int64_t bytes) {
+    auto w = std::make_shared<MpiWork>();
+    w->what = what;
+    w->bytes = bytes;
+    w->seq = ++limit_->launched;
+    w->limit = limit_;
+    return w;
+  }
+
   void in_place_chunks(MpiWork& w, void* data, int64_t n, MPI_Datatype type, size_t elem, ReduceOp op) {
     auto* p = static_cast<char*>(data);
     for (int64_t off = 0; off < n; off += kMaxCount) {
@@ -275,6 +360,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_;
+  std::shared_ptr<MpiLimit> limit_;
 };
 
 }  // namespace
@@ -318,12 +404,14 @@ std::pair<int, int> mpi_local_rank() {
   return {rank, size};
 }
 
-CommunicatorPtr make_mpi_communicator() {
+CommunicatorPtr make_mpi_communicator(double collective_timeout_s) {
+  AF_CHECK(collective_timeout_s >= 0, "MPI: the collective timeout must be >= 0 seconds (0: none), got {}",
+           collective_timeout_s);
   const auto [rank, size] = mpi_world();
   MPI_Comm comm;
   AF_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  return std::make_shared<MpiCommunicator>(comm, rank, size);
+  return std::make_shared<MpiCommunicator>(comm, rank, size, collective_timeout_s);
 }
 
 void mpi_broadcast_bytes(void* data, size_t bytes, int root) {

@@ -11,7 +11,8 @@
 // 2^30 elements are split into several requests (MPI counts are int).
 //
 // Open MPI progresses nonblocking collectives only inside MPI calls: a Work makes progress when it is
-// tested or waited on, which the trainer does right after launching its buckets.
+// tested or waited on, which the trainer does right after launching its buckets. wait() polls MPI_Testall
+// (spinning at first, as MPI_Waitall does, then yielding the core) so that a limit can end the wait.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +32,11 @@ bool mpi_initialized();
 std::pair<int, int> mpi_world();
 // Rank within this host (MPI_Comm_split_type SHARED), and the number of ranks on this host.
 std::pair<int, int> mpi_local_rank();
-// A communicator over every rank of MPI_COMM_WORLD (its duplicate); initialises MPI.
-CommunicatorPtr make_mpi_communicator();
+// A communicator over every rank of MPI_COMM_WORLD (its duplicate); initialises MPI. A Work's wait() (and
+// barrier, the host helpers) still waiting after collective_timeout_s seconds throws Error(Io) naming the
+// collective and this rank (0: no limit); MPI cannot cancel a collective, so the communicator then waits for
+// nothing more, and the caller ends the job (dist::abort_job).
+CommunicatorPtr make_mpi_communicator(double collective_timeout_s = 1800);
 // Broadcast of host bytes over MPI_COMM_WORLD, blocking (the NCCL unique id under mpirun).
 void mpi_broadcast_bytes(void* data, size_t bytes, int root);
 // MPI_Abort(MPI_COMM_WORLD, code): stops every rank of the job (used for fatal errors, so the other ranks

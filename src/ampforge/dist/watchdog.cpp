@@ -16,6 +16,13 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
+std::string collective_timeout_message(const std::string& what, uint64_t seq, double seconds, const std::string& where) {
+  return fmt::format("{} (collective #{}) has not completed after {:.1f} s on {}: another rank stopped taking part "
+                     "(it exited, hangs, or is busy alone for longer than the limit, e.g. evaluating), or the network "
+                     "between the ranks failed (--collective-timeout sets the limit)",
+                     what, seq, seconds, where);
+}
+
 CollectiveWatchdog::CollectiveWatchdog(WatchdogBackend& backend, WatchdogOptions options)
     : backend_(backend), o_(std::move(options)) {
   AF_CHECK(o_.timeout_s >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", o_.timeout_s);
@@ -43,7 +50,8 @@ void CollectiveWatchdog::check() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_) return;
   taken_ = true;
-  AF_THROW(Internal, "{}", *failure_);
+  if (failure_internal_) AF_THROW(Internal, "{}", *failure_);
+  AF_THROW(Io, "{}", *failure_);
 }
 
 bool CollectiveWatchdog::failed() const {
@@ -56,7 +64,8 @@ uint64_t CollectiveWatchdog::launched_count() const {
   return seq_;
 }
 
-void CollectiveWatchdog::fail(std::string message) {
+void CollectiveWatchdog::fail(std::string message, bool internal) {
+  failure_internal_ = internal;
   failure_ = fmt::format("{}. The communicator was aborted; this rank's results since are not usable", message);
 }
 
@@ -76,7 +85,8 @@ void CollectiveWatchdog::run() {
         const bool done = backend_.query(pending_.front().marker, &error);
         if (!error.empty()) {
           fail(fmt::format("{} (collective #{}) failed on {}: {}", pending_.front().what, pending_.front().seq,
-                           o_.where, error));
+                           o_.where, error),
+               /*internal=*/true);
           break;
         }
         if (!done) break;
@@ -92,10 +102,7 @@ void CollectiveWatchdog::run() {
       if (!failure_ && o_.timeout_s > 0 && !pending_.empty() &&
           seconds_since(pending_.front().start) > o_.timeout_s) {
         const Pending& p = pending_.front();
-        fail(fmt::format("{} (collective #{}) has not completed after {:.1f} s on {}: another rank stopped taking "
-                         "part (it exited, hangs, or is busy alone for longer than the limit, e.g. evaluating), or "
-                         "the network between the ranks failed (--collective-timeout sets the limit)",
-                         p.what, p.seq, seconds_since(p.start), o_.where));
+        fail(collective_timeout_message(p.what, p.seq, seconds_since(p.start), o_.where));
       }
       if (failure_) {
         failed_at = Clock::now();

@@ -12,7 +12,7 @@
 //  - the engine's asynchronous error (NCCL: ncclCommGetAsyncError, set when a peer's connection broke).
 // On the first failure it logs it at once (the training thread may be blocked), aborts the communicator
 // (ncclCommAbort ends the spinning kernels, so blocked host waits return), and records it: check() throws it
-// as Error(Internal) on the training thread, whose next collective calls check(). If the training thread has
+// on the training thread, whose next collective calls check(). If the training thread has
 // not taken the error within `exit_grace_s` (blocked where nothing checks), the watchdog ends the process
 // with exit code 1, as PyTorch's NCCL watchdog does: after an abort the communicator is gone, the ranks'
 // results are meaningless, and the launcher then stops the other ranks.
@@ -58,6 +58,10 @@ struct WatchdogOptions {
   std::function<void(int)> exit;  // how the process ends (tests replace it); default std::_Exit
 };
 
+// The failure of a collective still pending after its limit, in the words both backends use ("ncclAllReduce of
+// 4096 bytes (collective #12) has not completed after 1800.2 s on rank 1 (cuda:1): another rank stopped ...").
+std::string collective_timeout_message(const std::string& what, uint64_t seq, double seconds, const std::string& where);
+
 class CollectiveWatchdog {
  public:
   // Starts the thread. `backend` must outlive the watchdog.
@@ -70,7 +74,8 @@ class CollectiveWatchdog {
   // A collective was launched; `marker` completes with it (the watchdog owns it from now on: it releases it).
   // `what` names it in messages ("ncclAllReduce of 4194304 bytes").
   void launched(void* marker, std::string what);
-  // Throws Error(Internal) with the failure once there is one (and from then on, every time).
+  // Throws the failure once there is one (and from then on, every time): Error(Io) for a timeout or the engine's
+  // asynchronous error (a peer or the network), Error(Internal) for an error the engine reports on a collective.
   void check();
   bool failed() const;
   // Collectives launched so far (the sequence number of the last one).
@@ -84,7 +89,7 @@ class CollectiveWatchdog {
     std::chrono::steady_clock::time_point start;
   };
   void run();
-  void fail(std::string message);  // with mu_ held
+  void fail(std::string message, bool internal = false);  // with mu_ held
 
   WatchdogBackend& backend_;
   WatchdogOptions o_;
@@ -93,6 +98,7 @@ class CollectiveWatchdog {
   std::deque<Pending> pending_;
   uint64_t seq_ = 0;
   std::optional<std::string> failure_;
+  bool failure_internal_ = false;
   bool taken_ = false;  // check() has thrown the failure
   bool stop_ = false;
   std::thread thread_;

@@ -75,11 +75,12 @@ bool eventually(F cond) {
   return cond();
 }
 
-std::string failure_of(CollectiveWatchdog& w) {
+// The failure check() throws, which must be of `kind` (Io: a peer or the network; Internal: the engine).
+std::string failure_of(CollectiveWatchdog& w, ErrorKind kind = ErrorKind::Io) {
   try {
     w.check();
   } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Internal);
+    EXPECT_EQ(e.kind(), kind) << e.what();
     return e.what();
   }
   return "";
@@ -161,7 +162,7 @@ TEST(CollectiveWatchdog, AnEngineErrorOnACollectiveIsAFailure) {
   engine.failing = marker(7);
   w.launched(marker(7), "ncclReduceScatter of 64 bytes");
   ASSERT_TRUE(eventually([&] { return w.failed(); }));
-  const std::string m = failure_of(w);
+  const std::string m = failure_of(w, ErrorKind::Internal);
   EXPECT_NE(m.find("ncclReduceScatter of 64 bytes (collective #1) failed on rank 1 (cuda:1): an illegal memory access"),
             std::string::npos)
       << m;

@@ -107,7 +107,7 @@ struct TrainConfig {
   double bucket_mb = 25;                   // gradient bucket size (MiB)
   double first_bucket_mb = 1;              // the first (last layers') bucket
   double dist_timeout = 300;               // seconds for the rendezvous of the ranks
-  double collective_timeout = 1800;        // NCCL: seconds a collective may run before the job ends (0: none)
+  double collective_timeout = 1800;        // seconds a collective may run before the job ends (0: none)
   bool overlap = true;                     // start buckets' all-reduce from the backward pass
   int zero = 0;                            // 1: ZeRO-1, optimizer state sharded over the ranks
   bool sync_bn = false;                    // SyncBatchNorm: global-batch statistics in every BatchNorm2d
