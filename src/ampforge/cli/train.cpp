@@ -159,9 +159,8 @@ Command add_train_command(CLI::App& app) {
                   "Data parallel: seconds to wait for every rank at the rendezvous")->capture_default_str();
   sub->add_option("--collective-timeout", c.collective_timeout,
                   "Data parallel: seconds a collective (NCCL or MPI) may run before the job ends with an error "
-                  "naming it (a rank that hangs or a failed network; torch.distributed's timeout). While rank 0 "
-                  "evaluates alone the others wait in a collective: keep it above the evaluation's time. 0: no "
-                  "limit")->capture_default_str();
+                  "naming it (a rank that hangs or a failed network; torch.distributed's timeout). The wait for "
+                  "rank 0's evaluation is not limited. 0: no limit")->capture_default_str();
   sub->add_flag("--json", flags->json, "Print a JSON summary on stdout");
   sub->add_flag("--no-progress", flags->no_progress, "No progress bar");
   sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");

@@ -71,6 +71,11 @@ class Communicator {
   // Returns when every rank has entered the barrier (NCCL: when the device work queued before it is done).
   virtual void barrier() = 0;
 
+  // Seconds a collective launched from now on may run before the job ends (InitOptions::collective_timeout_s;
+  // 0: no limit). ScopedCollectiveTimeout changes it for a stretch where one rank is legitimately busy alone.
+  virtual double collective_timeout() const = 0;
+  virtual void set_collective_timeout(double seconds) = 0;
+
   // Host values, blocking: for start-up checks and reports, never inside a training step's hot path.
   // Every rank passes `bytes` bytes; returns the size() x bytes concatenation, rank 0 first.
   std::vector<uint8_t> all_gather_host(const void* data, size_t bytes);
@@ -94,5 +99,21 @@ class Communicator {
 };
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+// Sets the collective limit while in scope, then restores it: the ranks waiting in a collective while rank 0
+// evaluates alone (which may take longer than any limit meant for a hung rank) use 0, no limit.
+class ScopedCollectiveTimeout {
+ public:
+  ScopedCollectiveTimeout(Communicator& comm, double seconds) : comm_(comm), saved_(comm.collective_timeout()) {
+    comm_.set_collective_timeout(seconds);
+  }
+  ~ScopedCollectiveTimeout() { comm_.set_collective_timeout(saved_); }
+  ScopedCollectiveTimeout(const ScopedCollectiveTimeout&) = delete;
+  ScopedCollectiveTimeout& operator=(const ScopedCollectiveTimeout&) = delete;
+
+ private:
+  Communicator& comm_;
+  double saved_;
+};
 
 }  // namespace ampforge::dist

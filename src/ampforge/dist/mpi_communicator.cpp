@@ -150,6 +150,7 @@ class MpiWork final : public Work {
   const char* what = "";
   int64_t bytes = 0;                   // for messages
   uint64_t seq = 0;                    // this communicator's collective number
+  double timeout_s = 0;                // the communicator's limit when it was launched
   std::shared_ptr<MpiLimit> limit;
 
   ~MpiWork() override {
@@ -173,7 +174,7 @@ class MpiWork final : public Work {
       AF_THROW(Io, "{} (mpi) was not waited for: an earlier collective of this communicator timed out", what);
     }
     double waited = 0;
-    if (!requests.empty() && !test_until_complete(requests, limit->timeout_s, what, &waited)) {
+    if (!requests.empty() && !test_until_complete(requests, timeout_s, what, &waited)) {
       limit->failed = true;
       abandon();
       const std::string named = bytes > 0 ? fmt::format("{} of {} bytes (mpi)", what, bytes) : fmt::format("{} (mpi)", what);
@@ -219,6 +220,11 @@ class MpiCommunicator final : public Communicator {
   }
   const char* backend() const override { return "mpi"; }
   Device device() const override { return kCPU; }
+  double collective_timeout() const override { return limit_->timeout_s; }
+  void set_collective_timeout(double seconds) override {
+    AF_CHECK(seconds >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", seconds);
+    limit_->timeout_s = seconds;
+  }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
@@ -345,6 +351,7 @@ class MpiCommunicator final : public Communicator {
     w->what = what;
     w->bytes = bytes;
     w->seq = ++limit_->launched;
+    w->timeout_s = limit_->timeout_s;
     w->limit = limit_;
     return w;
   }

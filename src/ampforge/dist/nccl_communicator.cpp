@@ -258,6 +258,8 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
   }
   const char* backend() const override { return "nccl"; }
   Device device() const override { return Device(DeviceType::CUDA, o_.device); }
+  double collective_timeout() const override { return watchdog_->timeout(); }
+  void set_collective_timeout(double seconds) override { watchdog_->set_timeout(seconds); }
 
  private:
   void init(const NcclOptions& o) {

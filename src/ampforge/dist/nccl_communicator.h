@@ -48,8 +48,8 @@ struct NcclOptions {
   // Hands rank 0's unique id to every rank: called with the id filled on rank 0, to be filled on the others
   // (a TCP store's set/get, or an MPI broadcast). Called once, on every rank.
   std::function<void(NcclUniqueId& id)> share_id;
-  // A collective still running after this many seconds ends the job (0: no limit). Generous by default: while
-  // rank 0 evaluates alone, the other ranks wait in their next collective.
+  // A collective still running after this many seconds ends the job (0: no limit; set_collective_timeout
+  // changes it for the collectives launched afterwards).
   double collective_timeout_s = 1800;
   // Kept alive as long as the communicator (the TCP store whose server runs in rank 0's process).
   std::shared_ptr<void> keep_alive;

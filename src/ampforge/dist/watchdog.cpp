@@ -18,7 +18,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::string collective_timeout_message(const std::string& what, uint64_t seq, double seconds, const std::string& where) {
   return fmt::format("{} (collective #{}) has not completed after {:.1f} s on {}: another rank stopped taking part "
-                     "(it exited, hangs, or is busy alone for longer than the limit, e.g. evaluating), or the network "
+                     "(it exited, hangs, or is busy alone for longer than the limit, e.g. writing a checkpoint), or the network "
                      "between the ranks failed (--collective-timeout sets the limit)",
                      what, seq, seconds, where);
 }
@@ -43,7 +43,18 @@ CollectiveWatchdog::~CollectiveWatchdog() {
 
 void CollectiveWatchdog::launched(void* marker, std::string what) {
   std::lock_guard<std::mutex> lock(mu_);
-  pending_.push_back(Pending{marker, std::move(what), ++seq_, Clock::now()});
+  pending_.push_back(Pending{marker, std::move(what), ++seq_, Clock::now(), o_.timeout_s});
+}
+
+double CollectiveWatchdog::timeout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return o_.timeout_s;
+}
+
+void CollectiveWatchdog::set_timeout(double seconds) {
+  AF_CHECK(seconds >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", seconds);
+  std::lock_guard<std::mutex> lock(mu_);
+  o_.timeout_s = seconds;
 }
 
 void CollectiveWatchdog::check() {
@@ -99,8 +110,8 @@ void CollectiveWatchdog::run() {
                            "between the ranks failed)",
                            o_.where, e));
       }
-      if (!failure_ && o_.timeout_s > 0 && !pending_.empty() &&
-          seconds_since(pending_.front().start) > o_.timeout_s) {
+      if (!failure_ && !pending_.empty() && pending_.front().timeout_s > 0 &&
+          seconds_since(pending_.front().start) > pending_.front().timeout_s) {
         const Pending& p = pending_.front();
         fail(collective_timeout_message(p.what, p.seq, seconds_since(p.start), o_.where));
       }

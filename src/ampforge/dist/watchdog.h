@@ -51,7 +51,7 @@ class WatchdogBackend {
 };
 
 struct WatchdogOptions {
-  double timeout_s = 1800;   // a collective pending this long is a failure; 0: no limit
+  double timeout_s = 1800;   // a collective pending this long is a failure; 0: no limit (set_timeout changes it)
   double poll_s = 0.2;
   double exit_grace_s = 60;  // after a failure, the time the training thread has to take it; < 0: never exit
   std::string where;         // "rank 1 (cuda:1)": who reports, in every message
@@ -80,6 +80,9 @@ class CollectiveWatchdog {
   bool failed() const;
   // Collectives launched so far (the sequence number of the last one).
   uint64_t launched_count() const;
+  // The limit of the collectives launched from now on (those launched before keep theirs); 0: none.
+  double timeout() const;
+  void set_timeout(double seconds);
 
  private:
   struct Pending {
@@ -87,6 +90,7 @@ class CollectiveWatchdog {
     std::string what;
     uint64_t seq;
     std::chrono::steady_clock::time_point start;
+    double timeout_s;  // 0: none
   };
   void run();
   void fail(std::string message, bool internal = false);  // with mu_ held

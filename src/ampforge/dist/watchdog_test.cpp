@@ -141,6 +141,25 @@ TEST(CollectiveWatchdog, NoTimeoutWhenTheLimitIsZero) {
   EXPECT_EQ(engine.aborts, 0);
 }
 
+// The trainer lifts the limit while rank 0 evaluates alone: collectives launched then have none, and the
+// limit in force at launch is the one each collective keeps.
+TEST(CollectiveWatchdog, EachCollectiveKeepsTheLimitInForceAtItsLaunch) {
+  FakeEngine engine;
+  std::atomic<int> exits{0};
+  CollectiveWatchdog w(engine, fast(0.1, 30, &exits));
+  w.set_timeout(0);
+  EXPECT_EQ(w.timeout(), 0);
+  w.launched(marker(1), "ncclAllGather of host values of 16 bytes");  // waits for rank 0's evaluation
+  w.set_timeout(0.1);
+  std::this_thread::sleep_for(400ms);
+  EXPECT_FALSE(w.failed());
+  engine.complete(marker(1));
+  w.launched(marker(2), "ncclAllReduce of 4 bytes");  // under the 0.1 s limit again
+  ASSERT_TRUE(eventually([&] { return w.failed(); }));
+  EXPECT_NE(failure_of(w).find("collective #2"), std::string::npos);
+  EXPECT_THROW(w.set_timeout(-1), Error);
+}
+
 TEST(CollectiveWatchdog, AnAsynchronousEngineErrorAbortsAtOnce) {
   FakeEngine engine;
   std::atomic<int> exits{0};

@@ -34,6 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using dist::testing::ampforge_bin;
 using dist::testing::mpirun;
 using dist::testing::run_shell;
@@ -289,6 +290,23 @@ TEST(DistTrain, KilledRankStopsTheJobAndLeavesNoPartialCheckpoint) {
   for (const auto& e : fs::directory_iterator(j.dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   fs::remove_all(j.dir);
+}
+
+// Rank 0 evaluates alone while the others wait in a collective: that wait is exempt from --collective-timeout
+// (a limit meant for a rank that hangs), so an evaluation longer than the limit does not end the job.
+TEST(DistTrain, RankZeroEvaluatingLongerThanTheCollectiveLimitIsNotATimeout) {
+  AF_REQUIRE_MPI();
+  // 25,000 test images on one thread: seconds, several times the 1 s limit.
+  const dist::testing::Run r =
+      run_shell(mpirun(2) + " " + ampforge_bin() + " train --model cnn --dataset synthetic --synthetic-size 100000 "
+                "--batch 8 --max-steps 2 --threads 1 --workers 0 --no-progress --collective-timeout 1 --json", 120);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"stopped_reason\":\"max_steps\""));
+  EXPECT_THAT(r.out, HasSubstr("\"test_accuracy\""));
+  EXPECT_THAT(r.out, Not(HasSubstr("has not completed after")));
+  const size_t at = r.out.find("\"wall_seconds\":");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_GT(std::stod(r.out.substr(at + 15)), 2.0) << "the evaluation was too short to test the limit";
 }
 
 TEST(DistTrain, CtrlCOnTheLauncherStopsEveryRankAfterItsStepAndRankZeroSaves) {

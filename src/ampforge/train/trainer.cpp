@@ -345,7 +345,12 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
       m = evaluate(model, task, *eval_loader, o_.precision, ema ? &*ema : nullptr, r.eval_details);
       if (ema) opt.keep_masters_after_restore(masters);
     }
-    if (dp) m = broadcast_metrics(dp->comm(), m);
+    if (dp) {
+      // The other ranks wait here for as long as rank 0 evaluates, which no limit meant for a hung rank bounds
+      // (--collective-timeout; a rank 0 that dies meanwhile ends the job through the launcher).
+      const dist::ScopedCollectiveTimeout while_rank0_evaluates(dp->comm(), 0);
+      m = broadcast_metrics(dp->comm(), m);
+    }
     if (stop_agreed()) return std::nullopt;
     return m;
   };
