@@ -103,6 +103,9 @@ class DetectionTask final : public Task {
   Tensor loss(nn::Module& model, const data::Batch& batch) override;
   std::unique_ptr<Evaluator> evaluator() const override;
   std::string primary_metric() const override { return "map50"; }
+  std::string cuda_graph_obstacle() const override {
+    return "the detection loss assigns targets to anchors on the host (it copies the predictions there)";
+  }
   const DetectionTaskOptions& options() const { return opt_; }
 
  private:

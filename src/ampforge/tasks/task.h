@@ -61,6 +61,9 @@ class Task {
   virtual std::unique_ptr<Evaluator> evaluator() const = 0;
   // The evaluation metric that summarises a run (e.g. "accuracy"); must be one that result() reports.
   virtual std::string primary_metric() const = 0;
+  // Why a training step's loss cannot be captured in a CUDA graph (it reads device values on the host, which
+  // a capture cannot do), or "" when it can. --cuda-graphs refuses such a task before training starts.
+  virtual std::string cuda_graph_obstacle() const { return {}; }
 };
 
 }  // namespace ampforge::tasks

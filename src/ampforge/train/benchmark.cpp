@@ -70,6 +70,10 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   AF_CHECK(o.precision != BenchPrecision::TF32 || on_cuda,
            "bench: tf32 is a CUDA tensor-core mode; a CPU computes fp32 or bf16/fp16");
   AF_CHECK(!o.cuda_graphs || on_cuda, "bench: --cuda-graphs needs a CUDA device");
+  if (o.cuda_graphs) {
+    const std::string why = cuda_graph_obstacle(*w.module, *w.task);
+    AF_CHECK(why.empty(), "bench: --cuda-graphs cannot capture a {} training step: {}", w.model, why);
+  }
   const int warmup = o.cuda_graphs ? std::max<int>(o.warmup, static_cast<int>(StepGraph::kWarmupSteps)) : o.warmup;
   const DType amp = o.precision == BenchPrecision::FP16   ? DType::F16
                     : o.precision == BenchPrecision::BF16 ? DType::BF16

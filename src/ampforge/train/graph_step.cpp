@@ -2,8 +2,12 @@
 
 #include "ampforge/autograd/node.h"
 #include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/tasks/task.h"
 #include "ampforge/util/error.h"
+
+#include <fmt/format.h>
 
 namespace ampforge::train {
 
@@ -16,6 +20,26 @@ bool same_layout(const Tensor& a, const Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || (a.shape() == b.shape() && a.dtype() == b.dtype()));
 }
 }  // namespace
+
+namespace {
+// The first Dropout with p > 0 in `m` or below it, by its path ("encoder.layer.0.attention.dropout"), or "".
+std::string first_dropout(const nn::Module& m, const std::string& path) {
+  if (const auto* d = dynamic_cast<const nn::Dropout*>(&m); d != nullptr && d->p > 0)
+    return path.empty() ? "the model" : path;
+  for (const auto& [name, child] : m.children())
+    if (std::string found = first_dropout(*child, path.empty() ? name : path + "." + name); !found.empty())
+      return found;
+  return {};
+}
+}  // namespace
+
+std::string cuda_graph_obstacle(nn::Module& model, const tasks::Task& task) {
+  if (std::string why = task.cuda_graph_obstacle(); !why.empty()) return why;
+  if (std::string where = first_dropout(model, ""); !where.empty())
+    return fmt::format("{} is a Dropout (p > 0): a captured step would replay the same random mask at every step",
+                       where);
+  return {};
+}
 
 StepGraph::StepGraph() = default;
 StepGraph::~StepGraph() = default;

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ampforge/train/step.h"
@@ -21,7 +22,17 @@ namespace ampforge::cuda {
 class Graph;
 }
 
+namespace ampforge::tasks {
+class Task;
+}
+
 namespace ampforge::train {
+
+// Why --cuda-graphs cannot capture a training step of `model` on `task`, or "" when it can: a task whose loss
+// reads device values on the host (Task::cuda_graph_obstacle), or a Dropout with p > 0 (a captured step would
+// replay the same random mask at every step; backends/cuda/random.cu refuses it inside a capture). The trainer
+// asks before training, so the error comes up front, not after the eager warm-up steps.
+std::string cuda_graph_obstacle(nn::Module& model, const tasks::Task& task);
 
 class StepGraph {
  public:

@@ -234,6 +234,10 @@ Trainer::Trainer(nn::ModulePtr model, std::shared_ptr<tasks::Task> task, Optimiz
   AF_CHECK(task_ != nullptr, "Trainer: no task");
   AF_CHECK(make_optimizer != nullptr, "Trainer: no optimizer factory");
   validate(o_);
+  if (o_.cuda_graphs) {
+    const std::string why = cuda_graph_obstacle(*model_, *task_);
+    AF_CHECK(why.empty(), "--cuda-graphs cannot capture this training step: {}; train without --cuda-graphs", why);
+  }
   // CPU tensors come from the caching allocator (memory/global.h): a training step frees and re-allocates
   // the same sizes every iteration, and the cache turns those into hits instead of page-faulting fresh
   // memory. Installed before the optimizer's flat buffers exist, so they come from it too.
