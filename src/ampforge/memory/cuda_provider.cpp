@@ -31,6 +31,7 @@ struct Driver {
   X(PrimaryCtxRetain, cuDevicePrimaryCtxRetain)                            \
   X(PrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                       \
   X(CtxSetCurrent, cuCtxSetCurrent)                                        \
+  X(CtxGetCurrent, cuCtxGetCurrent)                                        \
   X(GetErrorString, cuGetErrorString)                                      \
   X(MemGetInfo, cuMemGetInfo_v2)                                           \
   X(MemAlloc, cuMemAlloc_v2)                                               \
@@ -106,7 +107,7 @@ std::string error_text(CUresult r) {
     if (af_r != CUDA_SUCCESS) AF_THROW(Internal, "{} failed: {}", #call, error_text(af_r)); \
   } while (0)
 
-// Loads the driver, checks the device, retains its primary context and makes it current.
+// Loads the driver, checks the device and retains its primary context (not made current: see ContextScope).
 void* open_device(int device) {
   const Driver& d = driver();
   if (!d.status.available) AF_THROW(NotImplemented, "CUDA is not available: {}", d.status.reason);
@@ -116,7 +117,6 @@ void* open_device(int device) {
   AF_CU(d.DeviceGet(&dev, device));
   CUcontext ctx;
   AF_CU(d.PrimaryCtxRetain(&ctx, dev));
-  AF_CU(d.CtxSetCurrent(ctx));
   return ctx;
 }
 
@@ -126,10 +126,29 @@ void close_device(int device, void* ctx) noexcept {
   if (driver().DeviceGet(&dev, device) == CUDA_SUCCESS) driver().PrimaryCtxRelease(dev);
 }
 
-void use(void* ctx) { driver().CtxSetCurrent(static_cast<CUcontext>(ctx)); }
+// Makes a device's primary context current for the driver calls of a scope, then restores the thread's previous
+// one. Restoring matters with several GPUs: the CUDA runtime takes a current primary context as the current
+// device, so an allocation for device 1 that left device 1's context current would send the thread's next
+// runtime calls (kernels meant for device 0) there.
+class ContextScope {
+ public:
+  explicit ContextScope(void* ctx) {
+    if (driver().CtxGetCurrent(&previous_) == CUDA_SUCCESS && previous_ == static_cast<CUcontext>(ctx)) return;
+    switched_ = driver().CtxSetCurrent(static_cast<CUcontext>(ctx)) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    if (switched_) driver().CtxSetCurrent(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
 
 size_t device_total(void* ctx) {
-  use(ctx);
+  const ContextScope in_context(ctx);
   size_t free_b = 0, total = 0;
   if (driver().MemGetInfo(&free_b, &total) != CUDA_SUCCESS) return 0;
   return total;
@@ -153,7 +172,7 @@ CudaProvider::~CudaProvider() { close_device(device_, ctx_); }
 size_t CudaProvider::capacity() const { return device_total(ctx_); }
 
 void* CudaProvider::allocate(size_t bytes) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   CUdeviceptr p = 0;
   const CUresult r = driver().MemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
@@ -162,7 +181,7 @@ void* CudaProvider::allocate(size_t bytes) {
 }
 
 void CudaProvider::deallocate(void* ptr, size_t) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   note_host_wait();  // cuMemFree waits for the device's queued work (an implicit synchronisation)
   if (CUresult r = driver().MemFree(reinterpret_cast<CUdeviceptr>(ptr)); r != CUDA_SUCCESS)
     log(LogLevel::Warn, "cuMemFree failed: {}", error_text(r));
@@ -187,7 +206,7 @@ CudaVmmProvider::~CudaVmmProvider() { close_device(device_, ctx_); }
 size_t CudaVmmProvider::capacity() const { return device_total(ctx_); }
 
 void* CudaVmmProvider::allocate(size_t bytes) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   CUdeviceptr p = 0;
   const CUresult r = driver().MemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
@@ -196,25 +215,25 @@ void* CudaVmmProvider::allocate(size_t bytes) {
 }
 
 void CudaVmmProvider::deallocate(void* ptr, size_t) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   note_host_wait();  // as CudaProvider::deallocate
   driver().MemFree(reinterpret_cast<CUdeviceptr>(ptr));
 }
 
 void* CudaVmmProvider::reserve(size_t bytes) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   CUdeviceptr p = 0;
   if (driver().MemAddressReserve(&p, bytes, granule_, 0, 0) != CUDA_SUCCESS) return nullptr;
   return reinterpret_cast<void*>(p);
 }
 
 void CudaVmmProvider::unreserve(void* base, size_t bytes) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   driver().MemAddressFree(reinterpret_cast<CUdeviceptr>(base), bytes);
 }
 
 std::optional<uint64_t> CudaVmmProvider::create_physical() {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   const CUmemAllocationProp prop = device_prop(device_);
   CUmemGenericAllocationHandle h = 0;
   const CUresult r = driver().MemCreate(&h, granule_, &prop, 0);
@@ -224,12 +243,12 @@ std::optional<uint64_t> CudaVmmProvider::create_physical() {
 }
 
 void CudaVmmProvider::release_physical(uint64_t handle) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   driver().MemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
 }
 
 void CudaVmmProvider::map(void* addr, uint64_t handle) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   const auto va = reinterpret_cast<CUdeviceptr>(addr);
   AF_CU(driver().MemMap(va, granule_, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0));
   CUmemAccessDesc access{};
@@ -240,7 +259,7 @@ void CudaVmmProvider::map(void* addr, uint64_t handle) {
 }
 
 void CudaVmmProvider::unmap(void* addr) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   if (CUresult r = driver().MemUnmap(reinterpret_cast<CUdeviceptr>(addr), granule_); r != CUDA_SUCCESS)
     log(LogLevel::Warn, "cuMemUnmap failed: {}", error_text(r));
 }
@@ -250,7 +269,7 @@ CudaStreamEvents::CudaStreamEvents(int device) : device_(device), ctx_(open_devi
 CudaStreamEvents::~CudaStreamEvents() { close_device(device_, ctx_); }
 
 uint64_t CudaStreamEvents::record(StreamId stream) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   CUevent e = nullptr;
   AF_CU(driver().EventCreate(&e, CU_EVENT_DISABLE_TIMING));
   AF_CU(driver().EventRecord(e, reinterpret_cast<CUstream>(stream)));
@@ -258,7 +277,7 @@ uint64_t CudaStreamEvents::record(StreamId stream) {
 }
 
 bool CudaStreamEvents::query(uint64_t token) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   const CUresult r = driver().EventQuery(reinterpret_cast<CUevent>(token));
   if (r == CUDA_ERROR_NOT_READY) return false;
   if (r != CUDA_SUCCESS) AF_THROW(Internal, "cuEventQuery failed: {}", error_text(r));
@@ -266,19 +285,19 @@ bool CudaStreamEvents::query(uint64_t token) {
 }
 
 void CudaStreamEvents::synchronize(uint64_t token) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   note_host_wait();
   AF_CU(driver().EventSynchronize(reinterpret_cast<CUevent>(token)));
 }
 
 void CudaStreamEvents::synchronize_stream(StreamId stream) {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   note_host_wait();
   AF_CU(driver().StreamSynchronize(reinterpret_cast<CUstream>(stream)));
 }
 
 bool CudaStreamEvents::is_capturing(StreamId stream) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   // A failed query (a broken context) is not a capture; the next real call reports the error.
   if (driver().StreamIsCapturing(reinterpret_cast<CUstream>(stream), &st) != CUDA_SUCCESS) return false;
@@ -286,14 +305,17 @@ bool CudaStreamEvents::is_capturing(StreamId stream) noexcept {
 }
 
 void CudaStreamEvents::release(uint64_t token) noexcept {
-  use(ctx_);
+  const ContextScope in_context(ctx_);
   driver().EventDestroy(reinterpret_cast<CUevent>(token));
 }
 
 StreamId cuda_stream_create(int device) {
   void* ctx = open_device(device);
   CUstream s = nullptr;
-  AF_CU(driver().StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  {
+    const ContextScope in_context(ctx);
+    AF_CU(driver().StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  }
   close_device(device, ctx);  // the primary context stays alive while any provider holds it
   return reinterpret_cast<StreamId>(s);
 }
@@ -305,14 +327,20 @@ void cuda_stream_destroy(StreamId stream, int device) noexcept {
 void cuda_copy_to_device(void* dst, const void* src, size_t bytes, int device) {
   void* ctx = open_device(device);
   note_host_wait();  // a synchronous copy: the host waits for it
-  AF_CU(driver().MemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes));
+  {
+    const ContextScope in_context(ctx);
+    AF_CU(driver().MemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes));
+  }
   close_device(device, ctx);
 }
 
 void cuda_copy_to_host(void* dst, const void* src, size_t bytes, int device) {
   void* ctx = open_device(device);
   note_host_wait();
-  AF_CU(driver().MemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
+  {
+    const ContextScope in_context(ctx);
+    AF_CU(driver().MemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
+  }
   close_device(device, ctx);
 }
 

@@ -6,7 +6,9 @@
 //                    cuMemAddressFree; plain segments too (cuMemAlloc).
 //   CudaStreamEvents the policy's stream rule with CUDA events (cuEventRecord / cuEventQuery), stream
 //                    synchronisation and capture status (cuStreamSynchronize / cuStreamIsCapturing).
-// Both providers work in the device's primary context, made current on the calling thread for each call.
+// Both providers work in the device's primary context, made current on the calling thread for each call and the
+// thread's previous context restored after it (with several GPUs the runtime reads a current primary context as
+// the current device).
 // Compiled with the toolkit's <cuda.h> for types when it is found at build time; otherwise every
 // constructor raises NotImplemented saying so.
 #pragma once

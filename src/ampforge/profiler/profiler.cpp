@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/memory/global.h"
@@ -275,6 +276,15 @@ ProfileData Session::stop() {
     data_.memory = {};  // no caching allocator on that device (not available): nothing to report
   }
   if (device_) {
+    // CUPTI's last flush collects the records of finished work only: the profiled device's kernels still queued
+    // would be counted as dropped instead of appearing in the profile.
+    if (mem.is_cuda()) {
+      try {
+        cuda::synchronize(mem.index);
+      } catch (const Error& e) {
+        log(LogLevel::Warn, "profiler: waiting for {} before the last CUPTI flush failed: {}", mem.str(), e.what());
+      }
+    }
     device_->stop();
     try {
       ProfileData dev = read_activity_file(device_->path);
