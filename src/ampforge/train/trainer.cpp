@@ -434,7 +434,9 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   step_opts.read_loss = !on_cuda;
   step_opts.data_parallel = dp;
   std::optional<DeviceLosses> dev_losses;
-  if (on_cuda) dev_losses.emplace(dev, o_.loss_read_interval);
+  // Every epoch end reads the losses too, so a block never holds more than an epoch's steps: a huge interval
+  // (read only at epoch ends) allocates no more device memory than that.
+  if (on_cuda) dev_losses.emplace(dev, std::min(o_.loss_read_interval, std::max<int64_t>(steps_per_epoch, 1)));
   StepGraph graph;
   const uint64_t syncs_before = cuda::host_sync_count();
   std::unique_ptr<profiler::Session> prof;
