@@ -275,7 +275,9 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
     }
     o.share_id(id);
     std::copy(id.begin(), id.end(), uid.internal);
-    check(n.CommInitRank(&comm_, o.size, uid, o.rank), "ncclCommInitRank");
+    nccl_comm comm = nullptr;  // only a communicator that initialised is kept (and destroyed later)
+    check(n.CommInitRank(&comm, o.size, uid, o.rank), "ncclCommInitRank");
+    comm_ = comm;
     WatchdogOptions wo;
     wo.timeout_s = o.collective_timeout_s;
     wo.where = fmt::format("rank {} (cuda:{})", o.rank, o.device);
