@@ -11,6 +11,13 @@
 //                          the collective limit of the MPI communicator: one all_reduce every rank joins, then a
 //                          second one (or a barrier) that rank R never joins (it sleeps); the others' wait must
 //                          fail after S seconds, and the error ends the job (abort_job).
+//   fake-nccl ok|hang|async|initfail [--timeout S]
+//                          the NCCL communicator of a torchrun-style world of one against tests/fake_nccl (the
+//                          environment points AMPFORGE_NCCL_LIBRARY and AMPFORGE_CUDA_DRIVER_LIBRARY there and
+//                          sets the fake's FAKE_NCCL_* knobs): host helpers, the watchdog's timeout and
+//                          asynchronous error, a failed ncclCommInitRank; prints what happened and the fake's
+//                          count of objects not given back ("live N").
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include "ampforge/core/tensor.h"
 #include "ampforge/dist/environment.h"
 #include "ampforge/dist/mpi_communicator.h"
+#include "ampforge/dist/nccl_communicator.h"
 #include "ampforge/dist/store.h"
 #include "ampforge/util/error.h"
 
@@ -168,6 +176,44 @@ int hang(int argc, char** argv) {
   return 1;
 }
 
+// The fake's count of objects not released (tests/fake_nccl/fake_nccl.c).
+long fake_live() {
+  const char* path = std::getenv("AMPFORGE_NCCL_LIBRARY");
+  void* h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  auto* fn = h ? reinterpret_cast<long (*)()>(dlsym(h, "fake_nccl_live")) : nullptr;
+  return fn ? fn() : -1;
+}
+
+int fake_nccl(int argc, char** argv) {
+  const std::string scenario = argc > 2 ? argv[2] : "";
+  double timeout = 1800;
+  for (int i = 3; i + 1 < argc; i += 2)
+    if (!std::strcmp(argv[i], "--timeout")) timeout = std::atof(argv[i + 1]);
+  dist::InitOptions o;
+  o.device = Device(DeviceType::CUDA, 0);
+  o.collective_timeout_s = timeout;
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  try {
+    dist::CommunicatorPtr c = dist::init_process_group(dist::detect_world(), o);
+    std::printf("backend %s, rank %d of %d\n", c->backend(), c->rank(), c->size());
+    c->barrier();                                        // collective #1
+    expect(c->all_gather_u64(42) == std::vector<uint64_t>{42}, "all_gather_u64");  // #2
+    if (scenario == "async") std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the watchdog polls
+    expect(c->broadcast_string("hello", 0) == "hello", "broadcast_string");  // #3, #4 (length, then bytes)
+    std::printf("%s: every call returned after %.1f s\n", scenario.c_str(), seconds());
+    try {
+      c->barrier();
+    } catch (const Error& e) {
+      std::printf("later call: %s\n", e.what());
+    }
+  } catch (const Error& e) {
+    std::printf("caught after %.1f s (%s): %s\n", seconds(), error_kind_name(e.kind()), e.what());
+  }
+  std::printf("live %ld\n", fake_live());
+  return 0;
+}
+
 int store(int argc, char** argv) {
   int exit_rank = -1, absent_rank = -1;
   double timeout = 5;
@@ -217,6 +263,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return collectives();
     if (mode == "store") return store(argc, argv);
     if (mode == "hang") return hang(argc, argv);
+    if (mode == "fake-nccl") return fake_nccl(argc, argv);
     std::fprintf(stderr, "usage: ampforge_dist_worker collectives | store [--exit-rank R] [--absent-rank R] | hang "
                  "[--absent-rank R] [--timeout S] [--barrier]\n");
     return 2;

@@ -145,9 +145,12 @@ Nccl& nccl() {
                                     n.status.version);
       return;
     }
-    void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    // AMPFORGE_CUDA_DRIVER_LIBRARY: another driver library file (the tests' fake, tests/fake_nccl/).
+    std::string driver = "libcuda.so.1";
+    if (auto p = env_get("AMPFORGE_CUDA_DRIVER_LIBRARY"); p && !p->empty()) driver = *p;
+    void* cu = dlopen(driver.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (cu == nullptr) {
-      n.status.reason = "the NVIDIA driver library libcuda.so.1 could not be loaded (no driver installed?)";
+      n.status.reason = fmt::format("the NVIDIA driver library {} could not be loaded (no driver installed?)", driver);
       return;
     }
     load_symbol(cu, "cuInit", n.Init, missing);
@@ -169,7 +172,7 @@ Nccl& nccl() {
     load_symbol(cu, "cuMemcpyDtoHAsync_v2", n.MemcpyDtoHAsync, missing);
     load_symbol(cu, "cuGetErrorName", n.GetErrorName, missing);
     if (!missing.empty()) {
-      n.status.reason = "libcuda.so.1 lacks " + missing;
+      n.status.reason = driver + " lacks " + missing;
       return;
     }
     if (const cu_result r = n.Init(0); r != 0) {
@@ -372,8 +375,13 @@ class NcclCommunicator final : public Communicator, private WatchdogBackend {
     if (r == 0) return;
     Nccl& n = nccl();
     const char* last = n.GetLastError != nullptr ? n.GetLastError(comm_) : nullptr;
-    AF_THROW(Internal, "{} failed on rank {} (device cuda:{}): {}{}{} (NCCL_DEBUG=WARN shows NCCL's own log)", what,
-             rank(), o_.device, n.GetErrorString(r), last && *last ? ": " : "", last ? last : "");
+    const std::string message = fmt::format("{} failed on rank {} (device cuda:{}): {}{}{} (NCCL_DEBUG=WARN shows "
+                                            "NCCL's own log)", what, rank(), o_.device, n.GetErrorString(r),
+                                            last && *last ? ": " : "", last ? last : "");
+    // ncclSystemError (2) and ncclRemoteError (6) come from the machine or the other ranks (sockets, shared
+    // memory, a peer that exited): not ampforge's bugs, unlike invalid arguments or usage.
+    if (r == 2 || r == 6) AF_THROW(Io, "{}", message);
+    AF_THROW(Internal, "{}", message);
   }
   // The NCCL stream waits for the compute stream's work so far (device-side). Throws the watchdog's failure
   // once there is one: the communicator is then aborted.
