@@ -664,6 +664,9 @@ TEST(Pool2d, MaxPoolMatchesDirectLoops) {
       {"3x2s1_dil2", pool_attrs(3, 2, 1, 2, 1, 1, 2, 2)},
       {"2x3s3_ceil", pool_attrs(2, 3, 3, 3, 1, 0, 1, 1, true)},
       {"overlap_s1", pool_attrs(3, 3, 1, 1, 1, 1)},
+      // Disjoint windows leaving gaps (stride 3 > kernel 2) and holes (dilation 2 inside a window of extent 3).
+      {"2x2s3_gaps", pool_attrs(2, 2, 3, 3, 0, 0)},
+      {"2x2s3_dil2", pool_attrs(2, 2, 3, 3, 0, 0, 2, 2)},
   };
   const Shape xs{2, 5, 7, 8};
   for (const auto& [name, a] : cases)
@@ -693,6 +696,12 @@ TEST(Pool2d, MaxPoolMatchesDirectLoops) {
           absum[plane * xs[2] * xs[3] + iv[i]] += std::abs(gyv[i]);
         }
         expect_close(vals(gx), ref.gx, absum, dt, 9, what + " backward");
+        if (mf == kNHWC) {
+          // The gradient of a flatten arrives NCHW while the indices and gx are channels-last.
+          Tensor gx2 = ops::max_pool2d_backward(gy.contiguous(kNCHW), idx, xs, a, mf);
+          EXPECT_TRUE(gx2.is_contiguous(mf)) << what;
+          expect_close(vals(gx2), ref.gx, absum, dt, 9, what + " backward, NCHW gradient");
+        }
       }
 }
 
