@@ -37,6 +37,12 @@ static int g_aborted, g_collectives;
 static long g_live_streams, g_live_events, g_live_mem, g_live_comms, g_ctx_refs;
 static int g_ctx_token; /* the address is the context handle */
 
+static void bump(long* counter, long delta) {
+  pthread_mutex_lock(&g_mu);
+  *counter += delta;
+  pthread_mutex_unlock(&g_mu);
+}
+
 static int env_int(const char* name, int fallback) {
   const char* v = getenv(name);
   return v && *v ? atoi(v) : fallback;
@@ -51,32 +57,24 @@ res_t cuDeviceGet(int* dev, int ordinal) {
 }
 res_t cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   if (dev != 0) return kCudaInvalidDevice;
-  pthread_mutex_lock(&g_mu);
-  ++g_ctx_refs;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_ctx_refs, 1);
   *ctx = &g_ctx_token;
   return kCudaSuccess;
 }
 res_t cuDevicePrimaryCtxRelease_v2(int dev) {
   if (dev != 0) return kCudaInvalidDevice;
-  pthread_mutex_lock(&g_mu);
-  --g_ctx_refs;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_ctx_refs, -1);
   return kCudaSuccess;
 }
 res_t cuCtxSetCurrent(void* ctx) { return ctx == NULL || ctx == &g_ctx_token ? kCudaSuccess : kCudaInvalidValue; }
 res_t cuStreamCreate(void** s, unsigned flags) {
   (void)flags;
   *s = calloc(1, sizeof(Stream));
-  pthread_mutex_lock(&g_mu);
-  ++g_live_streams;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_streams, 1);
   return *s ? kCudaSuccess : kCudaInvalidValue;
 }
 res_t cuStreamDestroy_v2(void* s) {
-  pthread_mutex_lock(&g_mu);
-  --g_live_streams;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_streams, -1);
   free(s);
   return kCudaSuccess;
 }
@@ -94,9 +92,7 @@ res_t cuStreamWaitEvent(void* s, void* e, unsigned flags) {
 res_t cuEventCreate(void** e, unsigned flags) {
   (void)flags;
   *e = calloc(1, sizeof(Event));
-  pthread_mutex_lock(&g_mu);
-  ++g_live_events;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_events, 1);
   return *e ? kCudaSuccess : kCudaInvalidValue;
 }
 res_t cuEventRecord(void* e, void* s) {
@@ -113,25 +109,19 @@ res_t cuEventQuery(void* e) {
   return pending ? kCudaNotReady : kCudaSuccess;
 }
 res_t cuEventDestroy_v2(void* e) {
-  pthread_mutex_lock(&g_mu);
-  --g_live_events;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_events, -1);
   free(e);
   return kCudaSuccess;
 }
 res_t cuMemAlloc_v2(unsigned long long* p, size_t bytes) {
   void* m = malloc(bytes ? bytes : 1);
   if (!m) return kCudaInvalidValue;
-  pthread_mutex_lock(&g_mu);
-  ++g_live_mem;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_mem, 1);
   *p = (unsigned long long)(size_t)m;
   return kCudaSuccess;
 }
 res_t cuMemFree_v2(unsigned long long p) {
-  pthread_mutex_lock(&g_mu);
-  --g_live_mem;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_mem, -1);
   free((void*)(size_t)p);
   return kCudaSuccess;
 }
@@ -171,9 +161,7 @@ res_t ncclCommInitRank(void** comm, int n, UniqueId id, int rank) {
   return kNcclSuccess;
 }
 res_t ncclCommDestroy(void* comm) {
-  pthread_mutex_lock(&g_mu);
-  --g_live_comms;
-  pthread_mutex_unlock(&g_mu);
+  bump(&g_live_comms, -1);
   free(comm);
   return kNcclSuccess;
 }
