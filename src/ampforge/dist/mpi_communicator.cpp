@@ -105,7 +105,7 @@ void divide(T* p, int64_t n, int size) {
 // The collective limit of one communicator (--collective-timeout), shared with its Works.
 struct MpiLimit {
   double timeout_s = 1800;  // 0: none
-  std::string where;        // "rank 0 (mpi)"
+  std::string where;        // "rank 0"
   uint64_t launched = 0;    // collectives so far: their sequence numbers
   bool failed = false;      // one timed out: nothing waits on this communicator any more
 };
@@ -165,7 +165,7 @@ class MpiWork final : public Work {
     } catch (...) {
     }
   }
-  // Throws Error(Internal) naming the collective when it is still pending after the communicator's limit. MPI
+  // Throws Error(Io) naming the collective when it is still pending after the communicator's limit. MPI
   // cannot cancel a collective: the caller ends the job (ampforge's main calls dist::abort_job, MPI_Abort).
   void wait() override {
     if (done_) return;
@@ -222,7 +222,7 @@ class MpiCommunicator final : public Communicator {
   Device device() const override { return kCPU; }
   double collective_timeout() const override { return limit_->timeout_s; }
   void set_collective_timeout(double seconds) override {
-    AF_CHECK(seconds >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", seconds);
+    check_collective_timeout(seconds, "MPI");
     limit_->timeout_s = seconds;
   }
 
@@ -412,8 +412,7 @@ std::pair<int, int> mpi_local_rank() {
 }
 
 CommunicatorPtr make_mpi_communicator(double collective_timeout_s) {
-  AF_CHECK(collective_timeout_s >= 0, "MPI: the collective timeout must be >= 0 seconds (0: none), got {}",
-           collective_timeout_s);
+  check_collective_timeout(collective_timeout_s, "MPI");
   const auto [rank, size] = mpi_world();
   MPI_Comm comm;
   AF_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

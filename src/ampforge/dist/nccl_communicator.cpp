@@ -461,8 +461,7 @@ CommunicatorPtr make_nccl_communicator(const NcclOptions& o) {
   AF_CHECK(st.available, "NCCL is not available: {}", st.reason);
   AF_CHECK(o.share_id != nullptr, "make_nccl_communicator: no way to share the unique id (share_id is empty)");
   AF_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size, "NCCL: rank {} is not in a world of {}", o.rank, o.size);
-  AF_CHECK(o.collective_timeout_s >= 0, "NCCL: the collective timeout must be >= 0 seconds (0: none), got {}",
-           o.collective_timeout_s);
+  check_collective_timeout(o.collective_timeout_s, "NCCL");
   return std::make_shared<NcclCommunicator>(o);
 }
 

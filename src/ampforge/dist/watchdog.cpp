@@ -23,9 +23,13 @@ std::string collective_timeout_message(const std::string& what, uint64_t seq, do
                      what, seq, seconds, where);
 }
 
+void check_collective_timeout(double seconds, const char* who) {
+  AF_CHECK(seconds >= 0, "{}: the collective timeout must be >= 0 seconds (0: none), got {}", who, seconds);
+}
+
 CollectiveWatchdog::CollectiveWatchdog(WatchdogBackend& backend, WatchdogOptions options)
     : backend_(backend), o_(std::move(options)) {
-  AF_CHECK(o_.timeout_s >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", o_.timeout_s);
+  check_collective_timeout(o_.timeout_s, "collective watchdog");
   AF_CHECK(o_.poll_s > 0, "watchdog poll interval must be positive, got {}", o_.poll_s);
   if (!o_.exit) o_.exit = [](int code) { std::_Exit(code); };
   thread_ = std::thread([this] { run(); });
@@ -52,7 +56,7 @@ double CollectiveWatchdog::timeout() const {
 }
 
 void CollectiveWatchdog::set_timeout(double seconds) {
-  AF_CHECK(seconds >= 0, "collective timeout must be >= 0 seconds (0: none), got {}", seconds);
+  check_collective_timeout(seconds, "collective watchdog");
   std::lock_guard<std::mutex> lock(mu_);
   o_.timeout_s = seconds;
 }

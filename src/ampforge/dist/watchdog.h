@@ -61,6 +61,8 @@ struct WatchdogOptions {
 // The failure of a collective still pending after its limit, in the words both backends use ("ncclAllReduce of
 // 4096 bytes (collective #12) has not completed after 1800.2 s on rank 1 (cuda:1): another rank stopped ...").
 std::string collective_timeout_message(const std::string& what, uint64_t seq, double seconds, const std::string& where);
+// Throws InvalidArgument unless `seconds` is a valid collective limit (>= 0; 0: none); `who` names the caller.
+void check_collective_timeout(double seconds, const char* who);
 
 class CollectiveWatchdog {
  public:

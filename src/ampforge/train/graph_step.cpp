@@ -1,13 +1,13 @@
 #include "ampforge/train/graph_step.h"
 
+#include <fmt/format.h>
+
 #include "ampforge/autograd/node.h"
 #include "ampforge/backends/cuda/cuda.h"
 #include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/task.h"
 #include "ampforge/util/error.h"
-
-#include <fmt/format.h>
 
 namespace ampforge::train {
 
@@ -19,9 +19,7 @@ std::vector<Tensor> batch_tensors(const data::Batch& b) { return {b.x, b.y, b.ta
 bool same_layout(const Tensor& a, const Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || (a.shape() == b.shape() && a.dtype() == b.dtype()));
 }
-}  // namespace
 
-namespace {
 // The first Dropout with p > 0 in `m` or below it, by its path ("encoder.layer.0.attention.dropout"), or "".
 std::string first_dropout(const nn::Module& m, const std::string& path) {
   if (const auto* d = dynamic_cast<const nn::Dropout*>(&m); d != nullptr && d->p > 0)
