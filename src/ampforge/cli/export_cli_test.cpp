@@ -1,6 +1,6 @@
 // `ampforge export` and `ampforge predict` as a user runs them (the real binary), issue 19's acceptance:
 //   1. exported CNN, ResNet-18 and ResNet-50 files pass onnx.checker (Debian's python3-onnx 1.12);
-//   2. ONNX Runtime (onnxruntime-node) on the file gives what `ampforge predict` gives on the same inputs, within
+//   2. ONNX Runtime (onnxruntime, Python) on the file gives what `ampforge predict` gives on the same inputs, within
 //      1e-4 of the output's magnitude in F32 (and the F16 table's bound for --fp16);
 //   3. no weights, another model's checkpoint and unsupported options fail with a clear message, exit 2 and no file.
 // The checkpoints are written here: the registry's model with random weights and non-trivial BatchNorm statistics
@@ -102,7 +102,7 @@ double export_check_compare(const Case& c, const std::vector<std::string>& extra
   EXPECT_EQ(p.exit_code, 0) << p.err;
   if (p.exit_code != 0) return -1;
   if (!ot::ort_available()) {
-    ADD_FAILURE() << "onnxruntime-node is not installed in " << ot::ort_package_dir() << " (scripts/setup)";
+    ADD_FAILURE() << ot::ort_missing_message();
     return -1;
   }
   const auto r = ot::run_ort(onnx, in, got);
@@ -218,7 +218,7 @@ TEST(ExportCli, RandomInitIsReproducibleBetweenExportAndPredict) {
   const auto p = run_ampforge({"predict", "--model", "resnet-small", "--random-init", "--seed", "4", "--input", in,
                                "--output", ref}, kEnv, 120);
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  if (!ot::ort_available()) GTEST_FAIL() << "onnxruntime-node is not installed (scripts/setup)";
+  if (!ot::ort_available()) GTEST_FAIL() << ot::ort_missing_message();
   const auto r = ot::run_ort(onnx, in, got);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.error;
   EXPECT_LE(ot::max_rel_error(load_safetensors(got).at("output0"), load_safetensors(ref).at("output0")), 1e-4);

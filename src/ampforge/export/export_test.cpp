@@ -78,7 +78,7 @@ SafetensorsFile check_and_run(const Graph& g, const std::string& stem,
     ADD_FAILURE() << "python3-onnx is not installed (scripts/setup installs it)";
   }
   if (!ot::ort_available()) {
-    ADD_FAILURE() << "onnxruntime-node is not installed in " << ot::ort_package_dir() << " (scripts/setup)";
+    ADD_FAILURE() << ot::ort_missing_message();
     return {};
   }
   save_safetensors(in, inputs);

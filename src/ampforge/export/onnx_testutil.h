@@ -1,9 +1,11 @@
 // Test helpers for the ONNX export: the file checked by Debian's python3-onnx (onnx.checker) and run by
-// ONNX Runtime (onnxruntime-node through scripts/onnx_run.js). Both are installed by scripts/setup.
+// ONNX Runtime (onnxruntime from PyPI, in the project venv .venv/, through scripts/onnx_run.py). Both are installed
+// by scripts/setup.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -31,18 +33,27 @@ inline hw::SubprocessResult check_model(const std::string& path) {
                             120, true);
 }
 
-inline std::string ort_package_dir() {
-  return std::string(AMPFORGE_SOURCE_DIR) + "/.deps/onnxruntime/node_modules/onnxruntime-node";
+// The project venv's interpreter (scripts/setup makes .venv/ with onnxruntime pinned); AMPFORGE_ORT_PYTHON names
+// another interpreter that has onnxruntime.
+inline std::string ort_python() {
+  if (const char* p = std::getenv("AMPFORGE_ORT_PYTHON"); p && *p) return p;
+  return std::string(AMPFORGE_SOURCE_DIR) + "/.venv/bin/python";
 }
 
 inline bool ort_available() {
-  return !hw::find_in_path("node").empty() && std::filesystem::exists(ort_package_dir());
+  if (!std::filesystem::exists(ort_python())) return false;
+  const auto r = hw::run_subprocess({ort_python(), "-c", "import onnxruntime, numpy"}, 60, true);
+  return r.started && r.exit_code == 0;
 }
 
-// node scripts/onnx_run.js MODEL IN OUT
+// What a test prints when onnxruntime cannot be imported: after scripts/setup this is a failure, not a skip.
+inline std::string ort_missing_message() {
+  return "onnxruntime is not importable by " + ort_python() + " (scripts/setup makes .venv/ with it)";
+}
+
+// python scripts/onnx_run.py MODEL IN OUT
 inline hw::SubprocessResult run_ort(const std::string& model, const std::string& in, const std::string& out) {
-  return hw::run_subprocess({hw::find_in_path("node"), std::string(AMPFORGE_SOURCE_DIR) + "/scripts/onnx_run.js", model,
-                             in, out},
+  return hw::run_subprocess({ort_python(), std::string(AMPFORGE_SOURCE_DIR) + "/scripts/onnx_run.py", model, in, out},
                             120, true);
 }
 
