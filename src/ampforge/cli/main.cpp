@@ -1,11 +1,13 @@
 // ampforge: the command-line tool. One file per subcommand (cli/<name>.cpp); this file wires them up.
 // Exit codes: 0 success, 1 a check failed, 2 usage or input error.
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/cli/option_schema.h"
 #include "ampforge/dist/environment.h"
 #include "ampforge/util/build_info.h"
 #include "ampforge/util/error.h"
@@ -16,6 +18,11 @@ int main(int argc, char** argv) {
                                         ", " + AMPFORGE_CXX_COMPILER + ")");
   app.require_subcommand(1);
   ampforge::cli::CommandList commands = ampforge::cli::register_commands(app);
+  // Hidden: every subcommand's options as JSON (cli/option_schema.h), for the option sweep and completions.
+  if (argc == 2 && std::strcmp(argv[1], "--cli-schema") == 0) {
+    std::printf("%s\n", ampforge::cli::option_schema_json(app).c_str());
+    return 0;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

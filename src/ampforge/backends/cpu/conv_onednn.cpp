@@ -141,6 +141,10 @@ bool onednn_conv2d_forward(const Tensor&, const Tensor&, const Tensor*, const Te
 }
 bool onednn_conv2d_backward_input(const Tensor&, const Tensor&, const Tensor&, const Conv2dAttrs&) { return false; }
 bool onednn_conv2d_backward_weight(const Tensor&, const Tensor&, const Tensor&, const Conv2dAttrs&) { return false; }
+const OneDnnConvOffer& onednn_conv_offer() {
+  static const OneDnnConvOffer none;
+  return none;
+}
 
 #else
 
@@ -365,7 +369,10 @@ std::shared_ptr<const Prim> create(const Problem& p) {
       r->out_reorder = *ro;
     }
   }
-  if (!made && !make(dn::algorithm::convolution_direct, r->image_md, r->out_md)) return r;
+  if (!made && !make(dn::algorithm::convolution_direct, r->image_md, r->out_md)) {
+    r->impl = "no implementation";
+    return r;
+  }
   r->impl = pd.impl_info_str();
   if (r->act_reorder && p.variant == Variant::Blocked) r->impl += " on nChw16c";
   // The reference kernels are loops over every output and tap: slower than im2col + BLAS by an order of
@@ -379,7 +386,10 @@ std::shared_ptr<const Prim> create(const Problem& p) {
   if (r->reorder) {
     std::optional<dn::reorder> rw = p.dir != Dir::BackwardWeight ? reorder(r->weight_user_md, weight_prim)
                                                                  : reorder(weight_prim, r->weight_user_md);
-    if (!rw) return r;
+    if (!rw) {
+      r->impl += " (its weight copy needs a scratchpad)";
+      return r;
+    }
     r->weight_reorder = *rw;
   }
   r->usable = true;
@@ -648,7 +658,7 @@ bool run(const Problem& p) {
     return true;
   }
   const std::shared_ptr<const Prim> prim = algo == CpuConvAlgo::Benchmark ? benchmark(q) : lookup(q);
-  set_last_impl(prim->usable ? prim->impl : std::string());
+  set_last_impl(prim->usable ? prim->impl : "declined: " + prim->impl);
   if (!prim->usable) return false;
   execute(*prim, q);
   g_executions.fetch_add(1, std::memory_order_relaxed);  // calls answered, not benchmark mode's trial runs
@@ -658,6 +668,33 @@ bool run(const Problem& p) {
 }  // namespace
 
 int64_t onednn_benchmarked_problems() { return g_benchmarked.load(std::memory_order_relaxed); }
+
+const OneDnnConvOffer& onednn_conv_offer() {
+  static const OneDnnConvOffer offer = [] {
+    OneDnnConvOffer o;
+    const std::string d = onednn::describe();  // "oneDNN 2.6.3 (avx2)"
+    if (const size_t l = d.find('('), r = d.rfind(')'); l != std::string::npos && r > l) o.isa = d.substr(l + 1, r - l - 1);
+    // A forward descriptor of a 3x3 stride-1 convolution with 64 channels on 16x16 (the shape of the Winograd rule);
+    // whether oneDNN has a kernel for it that is neither its reference nor a gemm-based one.
+    auto offers = [](dn::memory::data_type dt, dn::algorithm alg, tag act) {
+      const md x({2, 64, 16, 16}, dt, act), y({2, 64, 16, 16}, dt, act), w({64, 64, 3, 3}, dt, tag::any);
+      try {
+        const dn::convolution_forward::desc desc(dn::prop_kind::forward_training, alg, x, w, md(), y, {1, 1}, {0, 0},
+                                                 {1, 1}, {1, 1});
+        const dn::convolution_forward::primitive_desc pd(desc, dn::primitive_attr(), cpu_engine(), true);
+        if (!pd) return false;
+        const std::string impl = pd.impl_info_str();
+        return impl.rfind("ref", 0) != 0 && impl.find("gemm:") == std::string::npos;
+      } catch (const dn::error&) {
+        return false;
+      }
+    };
+    o.bf16 = offers(dn::memory::data_type::bf16, dn::algorithm::convolution_direct, tag::nhwc);
+    o.winograd = offers(dn::memory::data_type::f32, dn::algorithm::convolution_winograd, tag::nChw16c);
+    return o;
+  }();
+  return offer;
+}
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                            const Conv2dAttrs& a) {

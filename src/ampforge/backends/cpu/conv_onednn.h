@@ -59,8 +59,24 @@ int64_t onednn_scratch_grows();
 // Problems benchmark mode has measured so far (each once per process).
 int64_t onednn_benchmarked_problems();
 // The oneDNN implementation that ran (or would run) the last problem handed to the functions below, e.g.
-// "brgconv:avx512_core_amx" or "jit:avx512_core"; empty before any or when none was usable.
+// "brgconv:avx512_core_amx" or "jit:avx512_core"; when oneDNN declined it (the problem then runs on im2col),
+// "declined: " and why: "declined: ref:any" / "declined: gemm:jit" (only a reference or gemm-based kernel on this
+// CPU, both slower than im2col), "declined: no implementation" (e.g. BF16 below AVX-512 in oneDNN 2.6), or the
+// library's rejection. Empty before any problem.
 std::string onednn_last_impl();
+
+// What this CPU's oneDNN offers beyond its reference and gemm-based kernels (which conv_onednn.cpp declines), asked
+// of the library itself: one probe descriptor per question, made once per process. The answers depend on the ISA
+// oneDNN dispatches to (the CPU's, capped by ONEDNN_MAX_CPU_ISA): in oneDNN 2.6 the BF16 convolution kernels and
+// the Winograd kernels exist for avx512_core and above only, so on an AVX2 CPU BF16 convolutions run on im2col
+// with F32 staging and the Winograd rule runs the direct kernels. Tests assert the path that must run from these.
+struct OneDnnConvOffer {
+  std::string isa;        // the strongest ISA oneDNN dispatches to here, e.g. "avx2", "avx512_core_bf16"
+  bool bf16 = false;      // a BF16 direct kernel (3x3, 64 channels, channels-last, forward)
+  bool winograd = false;  // an F32 Winograd kernel (the same problem on nChw16c)
+};
+// All false and isa "" in a build without oneDNN.
+const OneDnnConvOffer& onednn_conv_offer();
 
 // Each runs the problem on oneDNN and returns true, or returns false without touching the outputs when
 // oneDNN offers no usable kernel for it (the caller then runs im2col). Same contract as conv.cpp's kernels:
