@@ -1,414 +1,171 @@
 #!/usr/bin/env python3
-"""Generates the YOLOv8 parity goldens with a PyTorch reference (Debian's python3-torch 1.13; no Ultralytics).
+"""Generates the YOLOv8 parity goldens from the real Ultralytics library (the peer venv: torch, ultralytics).
 
-usage: /usr/bin/python3 scripts/gen_yolo_golden.py OUT_DIR        (OUT_DIR: tests/data/models)
+usage: YOLO_OFFLINE=true HF_HUB_OFFLINE=1 .venv-peer/bin/python scripts/gen_yolo_golden.py OUT_DIR
+       (OUT_DIR: tests/data/models; .venv-peer/ is made by `scripts/setup --peer`, requirements/peer.txt)
 Writes
-  yolo_parity.safetensors   the reference's numbers (below), ~1 MB
-  yolo_parity.json          what was generated, how, with which versions; the state-dict keys; the counts
-The C++ test (src/ampforge/models/yolo_parity_test.cpp) never runs Python.
+  yolo_parity.safetensors   Ultralytics' numbers (below), ~1 MB
+  yolo_parity.json          what was generated, how, with which library versions; state-dict keys and shapes; counts
+The C++ test (src/ampforge/models/yolo_parity_test.cpp) never runs Python. Runs offline: nothing is downloaded
+(no weights; the models are built from the yolov8.yaml shipped inside the ultralytics package).
 
-The reference is written here in torch from Ultralytics 8.x's formulas (facts in ../shared/docs/specs/MODELS.md
-§A; modules conv.py/block.py/head.py, the yolov8.yaml graph, utils/loss.py v8DetectionLoss + BboxLoss + DFLoss,
-utils/tal.py TaskAlignedAssigner + make_anchors + dist2bbox + bbox2dist, utils/metrics.py bbox_iou with CIoU).
-It is an independent re-statement of those formulas, not Ultralytics' code; module names and registration order
-follow Ultralytics so the state-dict keys are Ultralytics' ("model.0.conv.weight", "model.22.dfl.conv.weight").
+What comes from Ultralytics (every number the test compares is computed by Ultralytics' own code):
+  model        ultralytics.nn.tasks.DetectionModel(yaml_model_load("yolov8n.yaml" / "yolov8s.yaml")): the package's
+               cfg/models/v8/yolov8.yaml at scale n / s, strides measured by its constructor
+  weights      the integer hash below written into its state_dict() (the keys are Ultralytics'; ampforge's must be
+               the same keys in the same order with the same shapes, none missing, none left over), then the frozen
+               DFL bins of a fresh ultralytics DFL(16) and the head biases of its Detect.bias_init()
+  forward      eval mode: the decoded output (first element of the model's (y, preds) output); training mode: the
+               raw dict, boxes and scores concatenated (B, 64 + nc, A)
+  loss         DetectionModel.loss(batch, preds) = v8DetectionLoss with the default hyperparameters of
+               ultralytics.cfg.get_cfg() (box 7.5, cls 0.5, dfl 1.5); the total is what its trainer backpropagates
+               (loss.sum()); gradients by torch autograd through Ultralytics' modules; BN statistics of the model
+  assigner     ultralytics.utils.tal.TaskAlignedAssigner(topk 10, alpha 0.5, beta 6.0, strides 8/16/32) on a
+               hand-made case (including boxes smaller than the middle stride, which Ultralytics 8.4 enlarges to it
+               when it selects candidate anchors)
+  CIoU         ultralytics.utils.metrics.bbox_iou(box1, box2, xywh=False, CIoU=True) and its autograd gradient
+  NMS          ultralytics.utils.nms.non_max_suppression with the arguments DetectionValidator.postprocess passes
+               (multi_label=True, class-aware), at the validator's defaults and at a second, truncating setting
+  mAP          DetectionValidator._process_batch (box_iou + match_predictions, on a validator stub that has only
+               the validator's iouv/niou) on the NMS outputs and on one hand-made image, then DetMetrics.process
+               (ap_per_class, Metric) and smooth() for the confidence where the mean F1 peaks
+  counts       parameters of DetectionModel for yolov8n/s/m/l/x
+Nothing of Ultralytics is re-stated here. What is ours: the hash rule for weights and inputs, the targets, the
+assigner/NMS/mAP test data, and the checks that the data exercise what they should (premise checks below).
 
 Weights and inputs are not stored: both sides compute them from the integer hash of scripts/gen_resnet_golden.py
-(splitmix64; same per-tensor rules: s = 1 + index in state_dict order), except the frozen DFL conv, which keeps
-its arange(16) weights on both sides, and the last convs' biases of the head, which get Ultralytics' bias_init
-(box 1.0, class log(5 / 80 / (640 / stride)^2)) on both sides so the class loss has its realistic size. The input x (2, 3, 128, 128) is the hash stream 2^20 (c 0, a 1).
+(splitmix64; same per-tensor rules: s = 1 + index in state_dict order), except the frozen DFL conv (arange(16),
+Ultralytics' DFL init) and the last convs' biases of the head (Ultralytics' bias_init: box 2.0, class
+log(5 / 80 / (640 / stride)^2)), so the class loss has its realistic size. The input x (2, 3, 128, 128) is the hash
+stream 2^20 (c 0, a 1).
 
-Recorded (F32 unless said):
-  yolov8n.raw_train        (2, 144, 336) training-mode output (levels flattened and concatenated), train-mode BN
-  yolov8n.decoded_eval     (2, 84, 336)  eval-mode output: boxes cxcywh pixels + class probabilities
-  yolov8n.loss             (4,) F64 [box, cls, dfl] after gains, and the total (sum * batch size)
-  yolov8n.grad_sum / grad_abs_sum / grad_l2 / grad_absmax   (P,) F64 per parameter (named_parameters order,
-                           the frozen DFL weight excluded: it has no gradient)
-  yolov8n.grad_index / grad_sample   (P, 32) positions (splitmix64(s * 2^40 + 2^39 + k) mod numel) and values
-  yolov8n.running_mean / running_var  every BN's statistics after the training forward, concatenated
-  yolov8n.f64.*            the same computed in float64 (the problem's own sensitivity to rounding)
-  targets                  (2, 4, 5) the loss's targets (class, cx, cy, w, h normalised); image 1's rows 2, 3 pad
-  assign.*                 a hand-made assigner case (inputs and Ultralytics' outputs)
+Recorded, for M in yolov8n and yolov8s (F32 unless said):
+  M.raw_train               yolov8n: (2, 144, 336) training-mode output (levels flattened and concatenated)
+  M.decoded_eval            yolov8n: (2, 84, 336) eval-mode output: boxes cxcywh pixels + class probabilities
+  M.raw_train_index/_sample yolov8s: (4096,) I64 flat positions (splitmix64((2^20 + 2) * 2^40 + k) mod numel) and
+  M.decoded_eval_index/_sample       the values there (positions: stream 2^20 + 3), instead of the whole tensors
+  M.loss                    (4,) F64 [box, cls, dfl] after gains (Ultralytics' loss items) and the total
+  M.grad_sum / grad_abs_sum / grad_l2 / grad_absmax   (P,) F64 per parameter (named_parameters order, the frozen
+                            DFL weight excluded: it has no gradient)
+  M.grad_index / grad_sample   (P, 32) positions (splitmix64(s * 2^40 + 2^39 + k) mod numel) and values
+  M.running_mean / running_var  every BN's statistics after the training forward, concatenated
+  targets                   (2, 4, 5) the loss's targets (class, cx, cy, w, h normalised); image 1's row 3 pads
+  assign.*                  the hand-made assigner case (inputs and Ultralytics' outputs)
   ciou.box1 / box2 / value / grad1   CIoU of 64 box pairs and d(sum CIoU)/d box1
-  counts                   (5,) I64 parameters of yolov8n/s/m/l/x at 80 classes
+  nms.pred                  (4, 4 + 4, 40) decoded predictions of 4 images (cx, cy, w, h pixels, 4 class scores)
+  nms.a.det / nms.b.det     (N, 7) [image, x1, y1, x2, y2, conf, class] non_max_suppression's outputs in order:
+                            a: conf 0.001, iou 0.7, max_det 300 (the validator's); b: conf 0.25, iou 0.45,
+                            max_det 3, max_nms 8
+  map.gt                    (G, 6) [image, x1, y1, x2, y2, class] ground truth in pixels (images 0-3 of nms.pred,
+                            image 4 the hand-made one)
+  map.hand_det              (D, 6) [x1, y1, x2, y2, conf, class] image 4's detections (given, not from NMS)
+  map.tp                    (N, 10) BOOL match_predictions' verdicts of nms.a.det then map.hand_det (for diagnosis;
+                            ampforge keeps its verdicts inside DetectionMetrics, the test compares what they give)
+  map.ap                    (C, 10) F64 ap_per_class's AP of the classes with boxes (map.classes, I64), IoU .50:.95
+  map.p / map.r             (C,) F64 precision and recall where the smoothed mean F1 peaks
+  map.summary               (4,) F64 [map50, map50_95, best-F1 index into linspace(0, 1, 1000), mean precision]
+  map.instances             (C,) I64 boxes per class (DetMetrics.nt_per_class of those classes)
+  counts                    (5,) I64 parameters of yolov8n/s/m/l/x at 80 classes
+Also computed, not stored: the same models in float64 (the problem's own sensitivity to rounding; printed and
+recorded in the JSON under "sensitivity", for the test's tolerance derivation). Ultralytics' loss keeps its targets,
+its assigner and its (3,) loss accumulator in float32 even for a float64 model, so the float64 loss parts are
+rounded to float32 and the assignment is float32's; the network, its outputs and its gradients are float64.
 """
 import datetime
 import json
 import math
+import os
+import platform
 import sys
+import types
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+os.environ.setdefault("YOLO_OFFLINE", "true")  # never reach the network (settings sync, downloads)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torchvision  # noqa: E402,F401  (non_max_suppression uses torchvision.ops.nms when torchvision is imported)
+
+import ultralytics  # noqa: E402
+from ultralytics.cfg import get_cfg  # noqa: E402
+from ultralytics.models.yolo.detect.val import DetectionValidator  # noqa: E402
+from ultralytics.nn.modules.block import DFL  # noqa: E402
+from ultralytics.nn.tasks import DetectionModel, yaml_model_load  # noqa: E402
+from ultralytics.utils.metrics import DetMetrics, bbox_iou, smooth  # noqa: E402
+from ultralytics.utils.nms import non_max_suppression  # noqa: E402
+from ultralytics.utils.tal import TaskAlignedAssigner, make_anchors  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_golden import write_safetensors  # noqa: E402
-from gen_resnet_golden import hashed, sample_index, set_hashed_weights  # noqa: E402
+from gen_resnet_golden import U64, hashed, sample_index, set_hashed_weights, splitmix64  # noqa: E402
 
 INPUT_STREAM = 1 << 20
+RAW_SAMPLE_STREAM, DECODED_SAMPLE_STREAM = INPUT_STREAM + 2, INPUT_STREAM + 3
+OUTPUT_SAMPLES = 4096
 BATCH, SIZE = 2, 128
-REG_MAX = 16
-SCALES = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 768), "l": (1.00, 1.00, 512),
-          "x": (1.00, 1.25, 512)}
+MODELS = ("n", "s")
+FULL_OUTPUTS = ("n",)  # the others store samples of their outputs (the file stays small)
+NMS_IMAGES, NMS_CLASSES, NMS_ANCHORS = 4, 4, 40
 
 
-# ---- model (MODELS.md §A.1-A.3) ---------------------------------------------------------------------------
-class Conv(nn.Module):
-    def __init__(self, c1, c2, k=1, s=1):
-        super().__init__()
-        self.conv = nn.Conv2d(c1, c2, k, s, k // 2, bias=False)
-        self.bn = nn.BatchNorm2d(c2, eps=1e-3, momentum=0.03)
-
-    def forward(self, x):
-        return F.silu(self.bn(self.conv(x)))
+# ---- the models ------------------------------------------------------------------------------------------------
+def build(scale, nc=80):
+    """Ultralytics' DetectionModel from the yolov8.yaml inside the package (yolov8<scale>.yaml picks the scale)."""
+    return DetectionModel(yaml_model_load(f"yolov8{scale}.yaml"), ch=3, nc=nc, verbose=False)
 
 
-class Bottleneck(nn.Module):
-    def __init__(self, c1, c2, shortcut=True, e=0.5):
-        super().__init__()
-        c_ = int(c2 * e)
-        self.cv1 = Conv(c1, c_, 3)
-        self.cv2 = Conv(c_, c2, 3)
-        self.add = shortcut and c1 == c2
-
-    def forward(self, x):
-        y = self.cv2(self.cv1(x))
-        return x + y if self.add else y
-
-
-class C2f(nn.Module):
-    def __init__(self, c1, c2, n=1, shortcut=False, e=0.5):
-        super().__init__()
-        self.c = int(c2 * e)
-        self.cv1 = Conv(c1, 2 * self.c, 1)
-        self.cv2 = Conv((2 + n) * self.c, c2, 1)
-        self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut, e=1.0) for _ in range(n))
-
-    def forward(self, x):
-        y = list(self.cv1(x).chunk(2, 1))
-        for m in self.m:
-            y.append(m(y[-1]))
-        return self.cv2(torch.cat(y, 1))
-
-
-class SPPF(nn.Module):
-    def __init__(self, c1, c2, k=5):
-        super().__init__()
-        c_ = c1 // 2
-        self.cv1 = Conv(c1, c_, 1)
-        self.cv2 = Conv(c_ * 4, c2, 1)
-        self.m = nn.MaxPool2d(k, 1, k // 2)
-
-    def forward(self, x):
-        y = [self.cv1(x)]
-        for _ in range(3):
-            y.append(self.m(y[-1]))
-        return self.cv2(torch.cat(y, 1))
-
-
-class DFL(nn.Module):
-    def __init__(self, c1=16):
-        super().__init__()
-        self.conv = nn.Conv2d(c1, 1, 1, bias=False).requires_grad_(False)
-        with torch.no_grad():
-            self.conv.weight.copy_(torch.arange(c1, dtype=torch.float).view(1, c1, 1, 1))
-        self.c1 = c1
-
-    def forward(self, x):
-        b, _, a = x.shape
-        return self.conv(x.view(b, 4, self.c1, a).transpose(2, 1).softmax(1)).view(b, 4, a)
-
-
-class Detect(nn.Module):
-    def __init__(self, nc, ch):
-        super().__init__()
-        self.nc, self.nl, self.no = nc, len(ch), nc + 4 * REG_MAX
-        self.stride = torch.zeros(self.nl)
-        c2, c3 = max(16, ch[0] // 4, 4 * REG_MAX), max(ch[0], min(nc, 100))
-        self.cv2 = nn.ModuleList(nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * REG_MAX, 1)) for x in ch)
-        self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
-        self.dfl = DFL(REG_MAX)
-
-    def forward(self, xs):
-        x = [torch.cat((self.cv2[i](xs[i]), self.cv3[i](xs[i])), 1) for i in range(self.nl)]
-        if self.training:
-            return x
-        shape = x[0].shape
-        x_cat = torch.cat([xi.view(shape[0], self.no, -1) for xi in x], 2)
-        anchors, strides = (t.transpose(0, 1) for t in make_anchors(x, self.stride, 0.5))
-        box, cls = x_cat.split((REG_MAX * 4, self.nc), 1)
-        dbox = dist2bbox(self.dfl(box), anchors.unsqueeze(0), xywh=True, dim=1) * strides
-        return torch.cat((dbox, cls.sigmoid()), 1)
-
-    def bias_init(self):
-        for a, b, s in zip(self.cv2, self.cv3, self.stride):
-            a[-1].bias.data[:] = 1.0
-            b[-1].bias.data[: self.nc] = math.log(5 / self.nc / (640 / s) ** 2)
-
-
-class Upsample(nn.Upsample):
-    def __init__(self):
-        super().__init__(None, 2, "nearest")
-
-
-class Concat(nn.Module):
-    pass
-
-
-def make_divisible(x, d=8):
-    return math.ceil(x / d) * d
-
-
-class DetectionModel(nn.Module):
-    def __init__(self, scale="n", nc=80, ch=3):
-        super().__init__()
-        depth, width, maxc = SCALES[scale]
-        c = lambda v: make_divisible(min(v, maxc) * width, 8)  # noqa: E731
-        r = lambda n: max(round(n * depth), 1) if n > 1 else n  # noqa: E731
-        L = [Conv(ch, c(64), 3, 2), Conv(c(64), c(128), 3, 2), C2f(c(128), c(128), r(3), True),
-             Conv(c(128), c(256), 3, 2), C2f(c(256), c(256), r(6), True), Conv(c(256), c(512), 3, 2),
-             C2f(c(512), c(512), r(6), True), Conv(c(512), c(1024), 3, 2), C2f(c(1024), c(1024), r(3), True),
-             SPPF(c(1024), c(1024), 5), Upsample(), Concat(), C2f(c(1024) + c(512), c(512), r(3)), Upsample(),
-             Concat(), C2f(c(512) + c(256), c(256), r(3)), Conv(c(256), c(256), 3, 2), Concat(),
-             C2f(c(256) + c(512), c(512), r(3)), Conv(c(512), c(512), 3, 2), Concat(),
-             C2f(c(512) + c(1024), c(1024), r(3)), Detect(nc, [c(256), c(512), c(1024)])]
-        self.model = nn.Sequential(*L)
-        det = self.model[22]
-        s = 256  # DetectionModel.__init__: a 256x256 zeros forward measures the strides
-        self.train()
-        det.stride = torch.tensor([s / x.shape[-2] for x in self.forward(torch.zeros(1, ch, s, s))])
-        det.bias_init()
-
-    def forward(self, x):
-        m = self.model
-        y = [None] * 23
-        h = x
-        for i in range(10):
-            h = y[i] = m[i](h)
-        y[10] = m[10](y[9])
-        y[12] = m[12](torch.cat((y[10], y[6]), 1))
-        y[13] = m[13](y[12])
-        y[15] = m[15](torch.cat((y[13], y[4]), 1))
-        y[16] = m[16](y[15])
-        y[18] = m[18](torch.cat((y[16], y[12]), 1))
-        y[19] = m[19](y[18])
-        y[21] = m[21](torch.cat((y[19], y[9]), 1))
-        return m[22]([y[15], y[18], y[21]])
-
-
-# ---- tal.py / metrics.py formulas ----------------------------------------------------------------------------
-def make_anchors(feats, strides, offset=0.5):
-    pts, sts = [], []
-    dtype, device = feats[0].dtype, feats[0].device
-    for i, s in enumerate(strides):
-        _, _, h, w = feats[i].shape
-        sx = torch.arange(w, device=device, dtype=dtype) + offset
-        sy = torch.arange(h, device=device, dtype=dtype) + offset
-        sy, sx = torch.meshgrid(sy, sx, indexing="ij")
-        pts.append(torch.stack((sx, sy), -1).view(-1, 2))
-        sts.append(torch.full((h * w, 1), float(s), dtype=dtype, device=device))
-    return torch.cat(pts), torch.cat(sts)
-
-
-def dist2bbox(distance, anchor_points, xywh=True, dim=-1):
-    lt, rb = distance.chunk(2, dim)
-    x1y1, x2y2 = anchor_points - lt, anchor_points + rb
-    if xywh:
-        return torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), dim)
-    return torch.cat((x1y1, x2y2), dim)
-
-
-def bbox2dist(anchor_points, bbox, reg_max):
-    x1y1, x2y2 = bbox.chunk(2, -1)
-    return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, reg_max - 0.01)
-
-
-def bbox_ciou(box1, box2, eps=1e-7):
-    b1_x1, b1_y1, b1_x2, b1_y2 = box1.chunk(4, -1)
-    b2_x1, b2_y1, b2_x2, b2_y2 = box2.chunk(4, -1)
-    w1, h1 = b1_x2 - b1_x1, (b1_y2 - b1_y1).clamp(eps)
-    w2, h2 = b2_x2 - b2_x1, (b2_y2 - b2_y1).clamp(eps)
-    inter = (b1_x2.minimum(b2_x2) - b1_x1.maximum(b2_x1)).clamp(0) * \
-            (b1_y2.minimum(b2_y2) - b1_y1.maximum(b2_y1)).clamp(0)
-    union = w1 * h1 + w2 * h2 - inter + eps
-    iou = inter / union
-    cw = b1_x2.maximum(b2_x2) - b1_x1.minimum(b2_x1)
-    ch = b1_y2.maximum(b2_y2) - b1_y1.minimum(b2_y1)
-    c2 = cw.pow(2) + ch.pow(2) + eps
-    rho2 = ((b2_x1 + b2_x2 - b1_x1 - b1_x2).pow(2) + (b2_y1 + b2_y2 - b1_y1 - b1_y2).pow(2)) / 4
-    v = (4 / math.pi ** 2) * ((w2 / h2).atan() - (w1 / h1).atan()).pow(2)
-    with torch.no_grad():
-        alpha = v / (v - iou + (1 + eps))
-    return iou - (rho2 / c2 + v * alpha)
-
-
-class TaskAlignedAssigner:
-    def __init__(self, topk=10, num_classes=80, alpha=0.5, beta=6.0, eps=1e-9):
-        self.topk, self.num_classes, self.bg_idx = topk, num_classes, num_classes
-        self.alpha, self.beta, self.eps = alpha, beta, eps
-
-    @torch.no_grad()
-    def __call__(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
-        self.bs, self.n_max_boxes = pd_scores.shape[0], gt_bboxes.shape[1]
-        if self.n_max_boxes == 0:
-            return (torch.full_like(pd_scores[..., 0], self.bg_idx), torch.zeros_like(pd_bboxes),
-                    torch.zeros_like(pd_scores), torch.zeros_like(pd_scores[..., 0]),
-                    torch.zeros_like(pd_scores[..., 0]))
-        mask_pos, align_metric, overlaps = self.get_pos_mask(pd_scores, pd_bboxes, gt_labels, gt_bboxes, anc_points,
-                                                             mask_gt)
-        target_gt_idx, fg_mask, mask_pos = self.select_highest_overlaps(mask_pos, overlaps)
-        target_labels, target_bboxes, target_scores = self.get_targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask)
-        align_metric *= mask_pos
-        pos_align_metrics = align_metric.amax(dim=-1, keepdim=True)
-        pos_overlaps = (overlaps * mask_pos).amax(dim=-1, keepdim=True)
-        norm_align_metric = (align_metric * pos_overlaps / (pos_align_metrics + self.eps)).amax(-2).unsqueeze(-1)
-        target_scores = target_scores * norm_align_metric
-        return target_labels, target_bboxes, target_scores, fg_mask.bool(), target_gt_idx
-
-    def get_pos_mask(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, anc_points, mask_gt):
-        mask_in_gts = self.select_candidates_in_gts(anc_points, gt_bboxes)
-        align_metric, overlaps = self.get_box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_in_gts * mask_gt)
-        mask_topk = self.select_topk_candidates(align_metric, topk_mask=mask_gt.expand(-1, -1, self.topk).bool())
-        return mask_topk * mask_in_gts * mask_gt, align_metric, overlaps
-
-    def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt):
-        na = pd_bboxes.shape[-2]
-        mask_gt = mask_gt.bool()
-        dev = pd_bboxes.device
-        overlaps = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_bboxes.dtype, device=dev)
-        bbox_scores = torch.zeros([self.bs, self.n_max_boxes, na], dtype=pd_scores.dtype, device=dev)
-        ind = torch.zeros([2, self.bs, self.n_max_boxes], dtype=torch.long, device=dev)
-        ind[0] = torch.arange(end=self.bs, device=dev).view(-1, 1).expand(-1, self.n_max_boxes)
-        ind[1] = gt_labels.squeeze(-1)
-        bbox_scores[mask_gt] = pd_scores[ind[0], :, ind[1]][mask_gt]
-        pd_boxes = pd_bboxes.unsqueeze(1).expand(-1, self.n_max_boxes, -1, -1)[mask_gt]
-        gt_boxes = gt_bboxes.unsqueeze(2).expand(-1, -1, na, -1)[mask_gt]
-        overlaps[mask_gt] = bbox_ciou(gt_boxes, pd_boxes).squeeze(-1).clamp_(0)
-        align_metric = bbox_scores.pow(self.alpha) * overlaps.pow(self.beta)
-        return align_metric, overlaps
-
-    def select_topk_candidates(self, metrics, topk_mask):
-        topk_metrics, topk_idxs = torch.topk(metrics, self.topk, dim=-1, largest=True)
-        topk_idxs.masked_fill_(~topk_mask, 0)
-        count = torch.zeros(metrics.shape, dtype=torch.int8, device=metrics.device)
-        ones = torch.ones_like(topk_idxs[:, :, :1], dtype=torch.int8)
-        for k in range(self.topk):
-            count.scatter_add_(-1, topk_idxs[:, :, k:k + 1], ones)
-        count.masked_fill_(count > 1, 0)
-        return count.to(metrics.dtype)
-
-    def get_targets(self, gt_labels, gt_bboxes, target_gt_idx, fg_mask):
-        batch_ind = torch.arange(end=self.bs, dtype=torch.int64, device=gt_labels.device)[..., None]
-        target_gt_idx = target_gt_idx + batch_ind * self.n_max_boxes
-        target_labels = gt_labels.long().flatten()[target_gt_idx]
-        target_bboxes = gt_bboxes.view(-1, gt_bboxes.shape[-1])[target_gt_idx]
-        target_labels.clamp_(0)
-        target_scores = torch.zeros((target_labels.shape[0], target_labels.shape[1], self.num_classes),
-                                    dtype=torch.int64, device=target_labels.device)
-        target_scores.scatter_(2, target_labels.unsqueeze(-1), 1)
-        fg_scores_mask = fg_mask[:, :, None].repeat(1, 1, self.num_classes)
-        target_scores = torch.where(fg_scores_mask > 0, target_scores, 0)
-        return target_labels, target_bboxes, target_scores
-
-    @staticmethod
-    def select_candidates_in_gts(xy_centers, gt_bboxes, eps=1e-9):
-        n_anchors = xy_centers.shape[0]
-        bs, n_boxes, _ = gt_bboxes.shape
-        lt, rb = gt_bboxes.view(-1, 1, 4).chunk(2, 2)
-        deltas = torch.cat((xy_centers[None] - lt, rb - xy_centers[None]), dim=2).view(bs, n_boxes, n_anchors, -1)
-        return deltas.amin(3).gt_(eps)
-
-    def select_highest_overlaps(self, mask_pos, overlaps):
-        fg_mask = mask_pos.sum(-2)
-        if fg_mask.max() > 1:
-            mask_multi_gts = (fg_mask.unsqueeze(1) > 1).expand(-1, self.n_max_boxes, -1)
-            max_overlaps_idx = overlaps.argmax(1)
-            is_max_overlaps = torch.zeros(mask_pos.shape, dtype=mask_pos.dtype, device=mask_pos.device)
-            is_max_overlaps.scatter_(1, max_overlaps_idx.unsqueeze(1), 1)
-            mask_pos = torch.where(mask_multi_gts, is_max_overlaps, mask_pos).float()
-            fg_mask = mask_pos.sum(-2)
-        target_gt_idx = mask_pos.argmax(-2)
-        return target_gt_idx, fg_mask, mask_pos
-
-
-def detection_loss(feats, strides, targets, nc, dtype):
-    """v8DetectionLoss.__call__ for a padded (B, M, 5) target tensor (class, cx, cy, w, h normalised)."""
-    no = nc + 4 * REG_MAX
-    b = feats[0].shape[0]
-    pred_distri, pred_scores = torch.cat([xi.view(b, no, -1) for xi in feats], 2).split((REG_MAX * 4, nc), 1)
-    pred_scores = pred_scores.permute(0, 2, 1).contiguous()
-    pred_distri = pred_distri.permute(0, 2, 1).contiguous()
-    dev = feats[0].device  # every tensor made here on the features' device (the bench's peer runs this on CUDA)
-    imgsz = torch.tensor(feats[0].shape[2:], dtype=dtype, device=dev) * strides[0]
-    anchor_points, stride_tensor = make_anchors(feats, strides, 0.5)
-    t = targets.to(dev, dtype).clone()
-    gt_labels = t[..., :1]
-    xywh = t[..., 1:5] * imgsz[[1, 0, 1, 0]]
-    gt_bboxes = torch.cat((xywh[..., :2] - xywh[..., 2:] / 2, xywh[..., :2] + xywh[..., 2:] / 2), -1)
-    mask_gt = ((t[..., 3] > 0) & (t[..., 4] > 0)).unsqueeze(-1).to(dtype)  # padding rows are zeros
-    proj = torch.arange(REG_MAX, dtype=dtype, device=dev)
-    bb, a, c = pred_distri.shape
-    pred_bboxes = dist2bbox(pred_distri.view(bb, a, 4, c // 4).softmax(3).matmul(proj), anchor_points, xywh=False)
-    assigner = TaskAlignedAssigner(topk=10, num_classes=nc, alpha=0.5, beta=6.0)
-    _, target_bboxes, target_scores, fg_mask, _ = assigner(
-        pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype),
-        anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt)
-    target_scores_sum = max(target_scores.sum(), 1)
-    loss = torch.zeros(3, dtype=dtype, device=dev)
-    loss[1] = F.binary_cross_entropy_with_logits(pred_scores, target_scores.to(dtype), reduction="none").sum() / target_scores_sum
-    if fg_mask.sum():
-        target_bboxes = target_bboxes / stride_tensor
-        weight = target_scores.sum(-1)[fg_mask].unsqueeze(-1)
-        iou = bbox_ciou(pred_bboxes[fg_mask], target_bboxes[fg_mask])
-        loss[0] = ((1.0 - iou) * weight).sum() / target_scores_sum
-        target_ltrb = bbox2dist(anchor_points, target_bboxes, REG_MAX - 1)
-        pd = pred_distri[fg_mask].view(-1, REG_MAX)
-        tgt = target_ltrb[fg_mask].clamp_(0, REG_MAX - 1 - 0.01)
-        tl = tgt.long()
-        tr = tl + 1
-        wl = tr - tgt
-        wr = 1 - wl
-        dfl = (F.cross_entropy(pd, tl.view(-1), reduction="none").view(tl.shape) * wl +
-               F.cross_entropy(pd, tr.view(-1), reduction="none").view(tl.shape) * wr).mean(-1, keepdim=True)
-        loss[2] = (dfl * weight).sum() / target_scores_sum
-    loss[0] *= 7.5
-    loss[1] *= 0.5
-    loss[2] *= 1.5
-    return loss.sum() * b, loss.detach()
-
-
-# ---- the recorded cases ------------------------------------------------------------------------------------------
 def make_targets():
-    # image 0: four objects; image 1: two objects and two padding rows (zeros). The small box centred on the
-    # stride-32 anchor (48, 48) has fewer than topk candidates, so anchors of all three levels are assigned.
+    # image 0: four objects; the small box centred on the stride-32 anchor (48, 48) has fewer than topk candidates,
+    # so anchors of all three levels are assigned. image 1: two objects, a box 10 x 13 px (below the middle stride
+    # 16: Ultralytics 8.4 selects its candidates as if it were 16 x 16) and a padding row (zeros).
     return torch.tensor([[[0, 0.30, 0.35, 0.30, 0.40], [5, 0.70, 0.60, 0.35, 0.30], [2, 0.55, 0.45, 0.50, 0.55],
                           [3, 0.375, 0.375, 0.15625, 0.15625]],
-                         [[7, 0.40, 0.50, 0.45, 0.35], [1, 0.72, 0.30, 0.25, 0.28], [0, 0.0, 0.0, 0.0, 0.0],
+                         [[7, 0.40, 0.50, 0.45, 0.35], [1, 0.72, 0.30, 0.25, 0.28], [4, 0.60, 0.78, 0.078125, 0.1015625],
                           [0, 0.0, 0.0, 0.0, 0.0]]], dtype=torch.float32)
 
 
-def run_model(dtype):
+def ultralytics_batch(targets):
+    """The padded (B, M, 5) rows -> the batch dict Ultralytics' loss reads (batch_idx, cls, normalised xywh)."""
+    b, m, _ = targets.shape
+    rows = [(i, targets[i, j]) for i in range(b) for j in range(m) if targets[i, j, 3] > 0 and targets[i, j, 4] > 0]
+    return {"batch_idx": torch.tensor([float(i) for i, _ in rows]),
+            "cls": torch.stack([r[0:1] for _, r in rows]),
+            "bboxes": torch.stack([r[1:5] for _, r in rows])}
+
+
+def output_samples(t, stream):
+    n = t.numel()
+    idx = (splitmix64(U64(stream << 40) + np.arange(OUTPUT_SAMPLES, dtype=np.uint64)) % U64(n)).astype(np.int64)
+    return torch.from_numpy(idx), t.reshape(-1)[torch.from_numpy(idx)].float()
+
+
+def run_model(scale, dtype):
     torch.manual_seed(0)
-    model = DetectionModel("n", 80, 3)
+    model = build(scale)
     weight_sum = set_hashed_weights(model)
-    with torch.no_grad():  # the frozen DFL keeps its bins on both sides
-        model.model[22].dfl.conv.weight.copy_(torch.arange(16, dtype=torch.float).view(1, 16, 1, 1))
-    model.model[22].bias_init()  # and the head's biases are Ultralytics' (box 1.0, class log(5/nc/(640/s)^2))
+    det = model.model[-1]
+    with torch.no_grad():  # the frozen DFL keeps its bins (Ultralytics' DFL init) on both sides
+        det.dfl.conv.weight.copy_(DFL(det.reg_max).conv.weight)
+    det.bias_init()  # and the head's biases are Ultralytics' (box 2.0, class log(5/nc/(640/s)^2))
+    model.args = get_cfg()  # the default hyperparameters: the loss gains
     model = model.to(dtype)
     x = torch.from_numpy(hashed(INPUT_STREAM, [BATCH, 3, SIZE, SIZE], 0.0, 1.0)).to(dtype)
-    sd_names = list(model.state_dict().keys())
+    sd = model.state_dict()
+    sd_names = list(sd.keys())
     model.eval()
     with torch.no_grad():
-        decoded = model(x)
+        decoded = model(x)[0]
     model.train()
-    feats = model(x)
-    raw = torch.cat([f.view(BATCH, f.shape[1], -1) for f in feats], 2)
-    total, parts = detection_loss(feats, model.model[22].stride.to(dtype), make_targets(), 80, dtype)
+    preds = model(x)
+    raw = torch.cat((preds["boxes"], preds["scores"]), 1)
+    loss, items = model.loss(ultralytics_batch(make_targets()), preds)
+    total = loss.sum()
     total.backward()
-    out = {"raw_train": raw.detach().float(), "decoded_eval": decoded.float(),
-           "loss": torch.cat([parts.double(), total.detach().double().view(1)])}
+    parts = torch.stack([items[k].detach().double() for k in ("box_loss", "cls_loss", "dfl_loss")])
+    out = {"raw_train": raw.detach(), "decoded_eval": decoded.detach(),
+           "loss": torch.cat([parts, total.detach().double().view(1)])}
     sums, abs_sums, l2s, maxes, idxs, samples, names = [], [], [], [], [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -421,7 +178,7 @@ def run_model(dtype):
         maxes.append(g.abs().max().item())
         ix = sample_index(sd_names.index(name) + 1, g.numel())
         idxs.append(ix)
-        samples.append(p.grad.detach().reshape(-1)[torch.from_numpy(ix)].float())
+        samples.append(p.grad.detach().reshape(-1)[torch.from_numpy(ix)])
     out["grad_sum"] = torch.tensor(sums, dtype=torch.float64)
     out["grad_abs_sum"] = torch.tensor(abs_sums, dtype=torch.float64)
     out["grad_l2"] = torch.tensor(l2s, dtype=torch.float64)
@@ -429,49 +186,98 @@ def run_model(dtype):
     out["grad_index"] = torch.from_numpy(np.stack(idxs))
     out["grad_sample"] = torch.stack(samples)
     bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    out["running_mean"] = torch.cat([m.running_mean.detach().float() for m in bns])
-    out["running_var"] = torch.cat([m.running_var.detach().float() for m in bns])
-    info = {"state_dict": sd_names, "grad_parameters": names, "weight_sum": weight_sum.tolist(),
-            "strides": model.model[22].stride.tolist(), "loss": parts.tolist(), "total": total.item()}
+    out["running_mean"] = torch.cat([m.running_mean.detach() for m in bns])
+    out["running_var"] = torch.cat([m.running_var.detach() for m in bns])
+    info = {"yaml": str(model.yaml.get("yaml_file")), "scale": model.yaml.get("scale"),
+            "state_dict": sd_names, "state_shapes": [list(sd[k].shape) for k in sd_names],
+            "grad_parameters": names, "weight_sum": weight_sum.tolist(), "strides": det.stride.tolist(),
+            "loss": parts.tolist(), "total": total.item()}
+    with torch.no_grad():  # the assigner's foreground count, from the same criterion
+        info["fg_anchors"] = int(model.criterion.get_assigned_targets_and_loss(preds, ultralytics_batch(make_targets()))[0][0].sum())
     return out, info
 
 
+def model_records(scale, f32):
+    recs = []
+    p = f"yolov8{scale}."
+    for k in ("raw_train", "decoded_eval"):
+        if scale in FULL_OUTPUTS:
+            recs.append((p + k, f32[k].float()))
+        else:
+            idx, val = output_samples(f32[k], RAW_SAMPLE_STREAM if k == "raw_train" else DECODED_SAMPLE_STREAM)
+            recs += [(p + k + "_index", idx), (p + k + "_sample", val)]
+    for k in ("loss", "grad_sum", "grad_abs_sum", "grad_l2", "grad_absmax", "grad_index"):
+        recs.append((p + k, f32[k]))
+    for k in ("grad_sample", "running_mean", "running_var"):
+        recs.append((p + k, f32[k].float()))
+    return recs
+
+
+def sensitivity(f32, f64):
+    """The problem's own sensitivity to rounding: Ultralytics in F32 against itself in F64."""
+    out = {}
+    for k in ("raw_train", "decoded_eval"):
+        d = (f32[k].double() - f64[k]).abs().max().item()
+        out[k] = {"max_abs_diff": d, "max_abs": f64[k].abs().max().item(),
+                  "eps_of_max": d / f64[k].abs().max().item() / 2 ** -23}
+    rel = (f32["grad_sample"].double() - f64["grad_sample"]).abs().max(1).values / f64["grad_absmax"].clamp(min=1e-30)
+    out["grad_sample"] = {"max_diff_over_tensor_max": rel.max().item(), "eps": rel.max().item() / 2 ** -23}
+    for k in ("running_mean", "running_var"):
+        d = (f32[k].double() - f64[k]).abs().max().item()
+        out[k] = {"max_abs_diff": d, "max_abs": f64[k].abs().max().item()}
+    out["loss_rel"] = ((f32["loss"] - f64["loss"]).abs() / f64["loss"].abs()).tolist()
+    return out
+
+
+# ---- the assigner ------------------------------------------------------------------------------------------------
 def assigner_case():
-    """B 2, a 64x64 image with strides 8/16/32 (A = 64 + 16 + 4 = 84), 4 classes, M 3 (image 1: one padding row).
-    Predicted boxes sit around each anchor with sizes near the objects'. The first generator seed for which every
-    real box has at least topk candidates of positive metric is used: top-k then never reaches the zero-metric
-    ties, whose order torch.topk leaves unspecified, so the outputs are a function of the formulas alone."""
+    """B 2, a 64x64 image with strides 8/16/32 (A = 64 + 16 + 4 = 84), 4 classes, M 4 (image 1: one padding row);
+    boxes 3 of image 0 (8 x 10 px) and 2 of image 1 (10 x 12 px) are smaller than the middle stride, so Ultralytics
+    enlarges them to 16 x 16 about their centres when it selects candidate anchors. Predicted boxes sit around each
+    anchor with sizes near the objects'. The first generator seed for which top-k never has to choose among equal
+    metrics is used (each real box has at least topk candidates of positive metric, or all of its candidates have a
+    positive metric: then the zero-metric anchors top-k adds are not candidates and are masked out), so the outputs
+    are a function of the formulas alone (torch.topk leaves the order of ties unspecified)."""
     feats = [torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 2, 2)]
-    anc, st = make_anchors(feats, [8, 16, 32])
+    anc, st = make_anchors(feats, torch.tensor([8.0, 16.0, 32.0]))
     anc_px = anc * st
     A, nc = anc.shape[0], 4
-    gt_bboxes = torch.tensor([[[4, 6, 30, 40], [20, 18, 60, 50], [34, 2, 62, 26]],
-                              [[8, 8, 56, 56], [10, 30, 34, 62], [0, 0, 0, 0]]], dtype=torch.float32)
-    gt_labels = torch.tensor([[[1], [3], [0]], [[2], [1], [0]]], dtype=torch.float32)
-    mask_gt = torch.tensor([[[1.0], [1.0], [1.0]], [[1.0], [1.0], [0.0]]])
-    tal = TaskAlignedAssigner(topk=10, num_classes=nc, alpha=0.5, beta=6.0)
+    gt_bboxes = torch.tensor([[[4, 6, 30, 40], [20, 18, 60, 50], [34, 2, 62, 26], [44, 40, 52, 50]],
+                              [[8, 8, 56, 56], [10, 30, 34, 62], [40, 6, 50, 18], [0, 0, 0, 0]]], dtype=torch.float32)
+    gt_labels = torch.tensor([[[1], [3], [0], [2]], [[2], [1], [3], [0]]], dtype=torch.float32)
+    mask_gt = torch.tensor([[[1.0], [1.0], [1.0], [1.0]], [[1.0], [1.0], [1.0], [0.0]]])
+    tal = TaskAlignedAssigner(topk=10, num_classes=nc, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    plain = TaskAlignedAssigner(topk=10, num_classes=nc, alpha=0.5, beta=6.0, stride=[8, 0])  # no enlargement
+    real = mask_gt.squeeze(-1).bool()
     for seed in range(1000):
         g = torch.Generator().manual_seed(seed)
-        half = 10 + 10 * torch.rand(2, A, 2, generator=g)
+        half = 6 + 10 * torch.rand(2, A, 2, generator=g)
         jitter = 3 * (torch.rand(2, A, 2, generator=g) - 0.5)
         ctr = anc_px[None] + jitter
         pd_bboxes = torch.cat((ctr - half, ctr + half), -1)
         pd_scores = torch.rand(2, A, nc, generator=g) * 0.9 + 0.05
-        tal.bs, tal.n_max_boxes = 2, 3
-        in_gts = tal.select_candidates_in_gts(anc_px, gt_bboxes) * mask_gt
-        metric, _ = tal.get_box_metrics(pd_scores, pd_bboxes, gt_labels.long(), gt_bboxes, in_gts)
+        tal.bs, tal.n_max_boxes = 2, 4
+        in_gts = tal.select_candidates_in_gts(anc_px, gt_bboxes, mask_gt).float() * mask_gt
+        metric, _ = tal.get_box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, in_gts)
         kth = metric.topk(10, dim=-1).values[..., -1]
-        if bool((kth[mask_gt.squeeze(-1).bool()] > 0).all()):
+        zero_candidates = ((metric == 0) & in_gts.bool()).sum(-1)
+        if bool(((kth > 0) | (zero_candidates == 0))[real].all()):
             break
     else:
         raise SystemExit("assigner_case: no seed below 1000 meets the premise")
     labels, boxes, scores, fg, gt_idx = tal(pd_scores, pd_bboxes, anc_px, gt_labels, gt_bboxes, mask_gt)
-    multi = int(((in_gts.sum(1)) > 1).sum())
+    plain.bs, plain.n_max_boxes = 2, 4
+    in_plain = plain.select_candidates_in_gts(anc_px, gt_bboxes, mask_gt).float() * mask_gt
+    info = {"seed": seed, "fg": int(fg.sum()), "anchors_in_several_boxes": int((in_gts.sum(1) > 1).sum()),
+            "candidates": in_gts.sum(-1).int().tolist(), "candidates_without_enlargement": in_plain.sum(-1).int().tolist(),
+            "fg_per_box": [[int(((gt_idx[b] == m) & fg[b]).sum()) for m in range(4)] for b in range(2)]}
+    if info["candidates"] == info["candidates_without_enlargement"]:
+        raise SystemExit("assigner_case: the small boxes do not exercise the enlargement")
     return {"assign.pd_scores": pd_scores, "assign.pd_bboxes": pd_bboxes, "assign.anc_points": anc_px,
             "assign.gt_labels": gt_labels.squeeze(-1), "assign.gt_bboxes": gt_bboxes,
             "assign.mask_gt": mask_gt.squeeze(-1).bool(), "assign.target_labels": labels,
             "assign.target_bboxes": boxes, "assign.target_scores": scores.float(), "assign.fg_mask": fg,
-            "assign.target_gt_idx": gt_idx}, {"seed": seed, "fg": int(fg.sum()), "anchors_in_several_boxes": multi}
+            "assign.target_gt_idx": gt_idx}, info
 
 
 def ciou_case():
@@ -486,51 +292,203 @@ def ciou_case():
     box2[0] = box1[0]            # identical boxes: CIoU 1
     box2[1] = torch.zeros(4)     # a zero box (the background target of an image without objects)
     b1 = box1.clone().requires_grad_(True)
-    v = bbox_ciou(b1, box2).squeeze(-1)
+    v = bbox_iou(b1, box2, xywh=False, CIoU=True).squeeze(-1)
     (grad,) = torch.autograd.grad(v.sum(), b1)
     return {"ciou.box1": box1, "ciou.box2": box2, "ciou.value": v.detach(), "ciou.grad1": grad}
 
 
+# ---- NMS and mAP -------------------------------------------------------------------------------------------------
+NMS_A = {"conf_thres": 0.001, "iou_thres": 0.7, "max_det": 300, "max_nms": 30000}  # DetectionValidator's defaults
+NMS_B = {"conf_thres": 0.25, "iou_thres": 0.45, "max_det": 3, "max_nms": 8}
+
+
+def nms_data(seed):
+    """4 images of 128 x 128 px, 4 classes, 40 anchors each. Classes 0 and 1 have boxes and predictions, class 2 only
+    predictions, class 3 one box and no prediction above any threshold (an AP-0 row). Each object gets 6 jittered
+    predictions (its class 0.2-0.95, the others 0-0.01: low multi-label candidates), the other anchors random boxes
+    with one class at 0-0.3. Coordinates are multiples of 1/16 px and sizes at most 96 px, so every box corner, area,
+    intersection and union (also with the 7680-px class offset of Ultralytics' NMS) is exact in F32 and the IoUs are
+    correctly rounded quotients on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    q = lambda t: torch.round(t * 16) / 16  # noqa: E731
+    pred = torch.zeros(NMS_IMAGES, 4 + NMS_CLASSES, NMS_ANCHORS)
+    gts = []
+    for b in range(NMS_IMAGES):
+        n_obj = 2 + b % 3
+        a = 0
+        for o in range(n_obj):
+            cls = 3 if (b == 2 and o == n_obj - 1) else int(rnd(1) < 0.5)
+            wh = torch.round((16 + 48 * rnd(2)) * 8) / 8  # multiples of 1/8: corners of 1/16
+            ctr = q(wh / 2 + (128 - wh) * rnd(2))
+            gts.append([b, *(ctr - wh / 2).tolist(), *(ctr + wh / 2).tolist(), cls])
+            if cls == 3:
+                continue
+            for _ in range(6):
+                pwh = q(wh * (0.8 + 0.45 * rnd(2)) / 2) * 2
+                pc = q(ctr + (rnd(2) - 0.5) * 0.3 * wh)
+                pred[b, 0:2, a], pred[b, 2:4, a] = pc, pwh
+                pred[b, 4:4 + 3, a] = 0.01 * rnd(3)
+                pred[b, 4 + cls, a] = 0.2 + 0.75 * rnd(1)
+                a += 1
+        for a in range(a, NMS_ANCHORS):
+            pwh = q(8 + 88 * rnd(2) / 2) * 2
+            pwh = pwh.clamp(max=96)
+            pc = q(pwh / 2 + (128 - pwh) * rnd(2))
+            pred[b, 0:2, a], pred[b, 2:4, a] = pc, pwh
+            pred[b, 4:4 + 3, a] = 0.002 * rnd(3)
+            pred[b, 4 + int(3 * rnd(1)), a] = 0.3 * rnd(1)
+    return pred, torch.tensor(gts, dtype=torch.float32)
+
+
+def run_nms(pred, cfg):
+    out = non_max_suppression(pred.clone(), cfg["conf_thres"], cfg["iou_thres"], multi_label=True, agnostic=False,
+                              max_det=cfg["max_det"], nc=0, max_nms=cfg["max_nms"])
+    return torch.cat([torch.cat((torch.full((len(o), 1), float(b)), o), 1) for b, o in enumerate(out)])
+
+
+def box_iou64(a, b):
+    """IoU in float64 of xyxy rows (for the premise checks only)."""
+    a, b = a.double(), b.double()
+    lt = torch.max(a[:, None, :2], b[None, :, :2])
+    rb = torch.min(a[:, None, 2:], b[None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = lambda x: (x[:, 2:] - x[:, :2]).prod(-1)  # noqa: E731
+    return inter / (area(a)[:, None] + area(b)[None, :] - inter)
+
+
+def hand_image():
+    """Image 4: two class-0 boxes A [10,10,50,50] and B [30,10,70,50]; detection p1 (0.9) has IoU 0.538 with A and
+    0.667 with B, p2 (0.8) is B (IoU 1; 0.333 with A). Ultralytics 8.4 matches in confidence order (p1 takes B for
+    thresholds up to 0.65, so p2 is a miss there), a greedy match in IoU order would give p2 B and p1 A at 0.50."""
+    gt = torch.tensor([[4, 10, 10, 50, 50, 0], [4, 30, 10, 70, 50, 0]], dtype=torch.float32)
+    det = torch.tensor([[22, 10, 62, 50, 0.9, 0], [30, 10, 70, 50, 0.8, 0]], dtype=torch.float32)
+    return gt, det
+
+
+def map_case(nms_det, gts):
+    hand_gt, hand_det = hand_image()
+    gts = torch.cat((gts, hand_gt))
+    validator = DetectionValidator.__new__(DetectionValidator)  # only what _process_batch reads
+    validator.iouv = torch.linspace(0.5, 0.95, 10)  # as DetectionValidator.__init__
+    validator.niou = validator.iouv.numel()
+    metrics = DetMetrics(names={i: str(i) for i in range(NMS_CLASSES)})
+    tps = []
+    for b in range(NMS_IMAGES + 1):
+        d = nms_det[nms_det[:, 0] == b, 1:] if b < NMS_IMAGES else hand_det
+        t = gts[gts[:, 0] == b]
+        preds = {"bboxes": d[:, :4], "conf": d[:, 4], "cls": d[:, 5]}
+        batch = {"bboxes": t[:, 1:5], "cls": t[:, 5]}
+        stat = validator._process_batch(preds, batch)
+        tps.append(torch.from_numpy(stat["tp"]))
+        cls = batch["cls"].numpy()
+        metrics.update_stats({**stat, "target_cls": cls, "target_img": np.unique(cls), "conf": d[:, 4].numpy(),
+                              "pred_cls": d[:, 5].numpy(), "im_name": f"image{b}"})
+    metrics.process()
+    box = metrics.box
+    best = int(smooth(box.f1_curve.mean(0), 0.1).argmax())
+    classes = np.asarray(box.ap_class_index, dtype=np.int64)
+    rec = {"map.gt": gts, "map.hand_det": hand_det, "map.tp": torch.cat(tps),
+           "map.ap": torch.from_numpy(np.asarray(box.all_ap, dtype=np.float64)),
+           "map.classes": torch.from_numpy(classes),
+           "map.p": torch.from_numpy(np.asarray(box.p, dtype=np.float64)),
+           "map.r": torch.from_numpy(np.asarray(box.r, dtype=np.float64)),
+           "map.summary": torch.tensor([box.map50, box.map, float(best), box.mp], dtype=torch.float64),
+           "map.instances": torch.from_numpy(metrics.nt_per_class[classes].astype(np.int64))}
+    return rec
+
+
+def nms_premises(pred, gts, det_a):
+    """The NMS/mAP data exercise what the test claims, and no decision sits on a tie."""
+    info = {}
+    for b in range(NMS_IMAGES):
+        scores = pred[b, 4:].flatten()
+        cand = scores[scores > NMS_A["conf_thres"]]
+        if len(torch.unique(cand)) != len(cand):
+            return None
+    all_conf = det_a[:, 5]
+    hand = hand_image()[1][:, 4]
+    if len(torch.unique(torch.cat((all_conf, hand)))) != len(all_conf) + len(hand):
+        return None  # ap_per_class sorts with an unstable argsort
+    # matching: no same-class (box, detection) IoU within 1e-6 of a threshold
+    thr = torch.linspace(0.5, 0.95, 10).double()
+    for b in range(NMS_IMAGES):
+        d = det_a[det_a[:, 0] == b]
+        t = gts[gts[:, 0] == b]
+        iou = box_iou64(t[:, 1:5], d[:, 1:5]) * (t[:, 5:6] == d[None, :, 6])
+        if ((iou[..., None] - thr).abs() < 1e-6).any():
+            return None
+    info["nms_a_per_image"] = [int((det_a[:, 0] == b).sum()) for b in range(NMS_IMAGES)]
+    info["candidates_a"] = [int((pred[b, 4:] > NMS_A["conf_thres"]).sum()) for b in range(NMS_IMAGES)]
+    info["candidates_b"] = [int((pred[b, 4:] > NMS_B["conf_thres"]).sum()) for b in range(NMS_IMAGES)]
+    return info
+
+
+def nms_cases():
+    for seed in range(200):
+        pred, gts = nms_data(seed)
+        det_a = run_nms(pred, NMS_A)
+        info = nms_premises(pred, gts, det_a)
+        if info is None:
+            continue
+        det_b = run_nms(pred, NMS_B)
+        # the second setting truncates: more candidates than max_nms in some image, max_det reached in some image
+        if not (max(info["candidates_b"]) > NMS_B["max_nms"] and
+                max(int((det_b[:, 0] == b).sum()) for b in range(NMS_IMAGES)) == NMS_B["max_det"]):
+            continue
+        info["seed"] = seed
+        info["nms_b_per_image"] = [int((det_b[:, 0] == b).sum()) for b in range(NMS_IMAGES)]
+        recs = {"nms.pred": pred, "nms.a.det": det_a, "nms.b.det": det_b}
+        recs.update(map_case(det_a, gts))
+        return recs, info
+    raise SystemExit("nms_cases: no seed below 200 meets the premises")
+
+
+# ---- main ------------------------------------------------------------------------------------------------------------
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
+    torch.set_num_threads(1)
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = []
-    f32, info32 = run_model(torch.float32)
-    f64, info64 = run_model(torch.float64)
-    for k, v in f32.items():
-        tensors.append((f"yolov8n.{k}", v))
-    for k in ("raw_train", "decoded_eval", "loss", "grad_sum", "grad_abs_sum", "grad_l2", "grad_absmax",
-              "grad_sample"):
-        tensors.append((f"yolov8n.f64.{k}", f64[k]))
+    tensors, models, sens = [], {}, {}
+    for scale in MODELS:
+        f32, info32 = run_model(scale, torch.float32)
+        f64, info64 = run_model(scale, torch.float64)
+        tensors += model_records(scale, f32)
+        models[f"yolov8{scale}"] = info32
+        sens[f"yolov8{scale}"] = sensitivity(f32, f64)
+        sens[f"yolov8{scale}"]["f64_loss"] = info64["loss"] + [info64["total"]]
     tensors.append(("targets", make_targets()))
     acase, ainfo = assigner_case()
     tensors += list(acase.items())
     tensors += list(ciou_case().items())
+    ncase, ninfo = nms_cases()
+    tensors += list(ncase.items())
     counts = []
     with torch.no_grad():
         for s in "nsmlx":
-            counts.append(sum(p.numel() for p in DetectionModel(s, 80, 3).parameters()))
+            counts.append(sum(p.numel() for p in build(s).parameters()))
     tensors.append(("counts", torch.tensor(counts, dtype=torch.int64)))
-    meta = {"generator": "scripts/gen_yolo_golden.py", "torch": torch.__version__}
+    versions = {"ultralytics": ultralytics.__version__, "torch": torch.__version__,
+                "torchvision": torchvision.__version__, "numpy": np.__version__, "python": platform.python_version()}
+    meta = {"generator": "scripts/gen_yolo_golden.py", **versions}
     write_safetensors(out_dir / "yolo_parity.safetensors", tensors, meta)
-    manifest = {"generator": "scripts/gen_yolo_golden.py", "torch": torch.__version__, "numpy": np.__version__,
-                "date": datetime.date.today().isoformat(), "input": [BATCH, 3, SIZE, SIZE],
-                "counts": dict(zip("nsmlx", counts)), "yolov8n": info32,
-                "f64": {"loss": info64["loss"], "total": info64["total"]}, "assign": ainfo}
+    manifest = {"generator": "scripts/gen_yolo_golden.py", "reference": "ultralytics (real library, offline)",
+                "versions": versions, "date": datetime.date.today().isoformat(), "input": [BATCH, 3, SIZE, SIZE],
+                "counts": dict(zip("nsmlx", counts)), **models, "sensitivity": sens, "assign": ainfo,
+                "nms": {"a": NMS_A, "b": NMS_B, **ninfo},
+                "map": {"classes": ncase["map.classes"].tolist(), "summary": ncase["map.summary"].tolist()}}
     (out_dir / "yolo_parity.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print("versions", versions)
     print("counts", counts)
-    print("f32 loss", info32["loss"], "total", info32["total"])
-    print("f64 loss", info64["loss"], "total", info64["total"])
+    for m, i in models.items():
+        print(m, "loss", i["loss"], "total", i["total"], "fg", i["fg_anchors"])
+    print("sensitivity", json.dumps(sens, indent=1))
     print("assigner", ainfo)
-    for k in ("raw_train", "decoded_eval"):
-        d = (f32[k].double() - f64[k]).abs().max().item()
-        print(f"{k}: max |f32 - f64| {d:.3e}, max |f64| {f64[k].abs().max().item():.3e}")
-    rel = (f32["grad_sample"].double() - f64["grad_sample"]).abs().max(1).values / f64["grad_absmax"].clamp(min=1e-30)
-    print(f"grad samples: max |f32 - f64| / tensor max |g| {rel.max().item():.3e}; zero-gradient tensors:",
-          [n for n, m in zip(info32["grad_parameters"], f64["grad_absmax"].tolist()) if m == 0])
+    print("nms", ninfo)
+    print("map", manifest["map"], "ap", ncase["map.ap"].tolist())
     return 0
 
 

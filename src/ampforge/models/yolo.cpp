@@ -167,7 +167,7 @@ void Detect::bias_init() {
     auto* box = dynamic_cast<Conv2d*>(box_branches[i]->children().back().second.get());
     auto* cls = dynamic_cast<Conv2d*>(cls_branches[i]->children().back().second.get());
     AF_ASSERT(box && cls, "Detect: the last layer of a branch must be a Conv2d");
-    ops::fill_(box->bias, 1.0);
+    ops::fill_(box->bias, 2.0);  // Ultralytics 8.4 (1.0 before)
     // "0.01 objects, 80 classes, 640 img" (Ultralytics' comment): 5 / nc / (640 / s)^2.
     const double cells = 640.0 / strides[i];
     ops::fill_(cls->bias, std::log(5.0 / static_cast<double>(num_classes) / (cells * cells)));

@@ -13,7 +13,7 @@
 //               DFL = a frozen Conv2d(16, 1, 1) with weights arange(16) (the expected bin)
 //   scaling     repeats max(round(n depth), 1) for n > 1; channels make_divisible(min(c, max_channels) width, 8)
 //   strides     measured by a forward pass at construction (input / feature-map height: 8, 16, 32)
-//   bias init   box bias 1.0; class bias log(5 / nc / (640 / stride)^2)
+//   bias init   box bias 2.0 (Ultralytics 8.4; 1.0 in earlier 8.x); class bias log(5 / nc / (640 / stride)^2)
 // Counts (80 classes): yolov8n 3,157,200 and yolov8s 11,166,560 parameters, 16 of them the frozen DFL conv.
 #pragma once
 
@@ -94,7 +94,7 @@ class Detect : public nn::Module {
   // raw (B, 64 + nc, A), the levels flattened and concatenated; sizes: (H_i, W_i) per level ->
   // (B, 4 + nc, A): boxes as (cx, cy, w, h) in input pixels, then class probabilities (sigmoid).
   Tensor decode(const Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& sizes);
-  // Ultralytics' bias_init: box biases 1.0, class biases log(5 / nc / (640 / stride)^2). Needs strides.
+  // Ultralytics' bias_init: box biases 2.0, class biases log(5 / nc / (640 / stride)^2). Needs strides.
   void bias_init();
   std::vector<std::shared_ptr<nn::Sequential>> box_branches, cls_branches;  // cv2[i], cv3[i]
   std::shared_ptr<DFL> dfl;

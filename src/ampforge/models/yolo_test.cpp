@@ -51,7 +51,7 @@ TEST(Yolo, StridesBiasInitAndFrozenDfl) {
     auto* box = dynamic_cast<nn::Conv2d*>(m->detect->box_branches[i]->children().back().second.get());
     ASSERT_TRUE(cls && box);
     for (double v : cls->bias.tolist<double>()) EXPECT_NEAR(v, want[i], 1e-4);
-    for (double v : box->bias.tolist<double>()) EXPECT_EQ(v, 1.0);
+    for (double v : box->bias.tolist<double>()) EXPECT_EQ(v, 2.0);  // Ultralytics 8.4's Detect.bias_init
   }
   const Tensor w = m->detect->dfl->conv->weight;
   EXPECT_FALSE(w.requires_grad());

@@ -16,13 +16,22 @@ namespace ampforge::tasks {
 
 namespace {
 
-float iou(const Detection& a, const Detection& b) {
+// IoU in F32 as torchvision's NMS kernel (eps 0) and Ultralytics' box_iou (eps 1e-7, added to the union) compute it.
+float iou(const Detection& a, const Detection& b, float eps = 0.0f) {
   const float iw = std::max(0.0f, std::min(a.x2, b.x2) - std::max(a.x1, b.x1));
   const float ih = std::max(0.0f, std::min(a.y2, b.y2) - std::max(a.y1, b.y1));
   const float inter = iw * ih;
-  const float u = (a.x2 - a.x1) * (a.y2 - a.y1) + (b.x2 - b.x1) * (b.y2 - b.y1) - inter;
+  const float u = (a.x2 - a.x1) * (a.y2 - a.y1) + (b.x2 - b.x1) * (b.y2 - b.y1) - inter + eps;
   return u > 0 ? inter / u : 0.0f;
 }
+
+// The validator's IoU thresholds, torch.linspace(0.5, 0.95, 10) in F32: the floats nearest 0.50, 0.55, ..., 0.95
+// (0.5f + 0.05f * 9 would be one ulp above 0.95f).
+float iou_threshold(int k) { return static_cast<float>(0.5 + 0.05 * k); }
+
+// np.linspace(0, 1, n): i * (1 / (n - 1)), the last point exactly 1 (i / (n - 1) differs from it by an ulp at some i,
+// which matters where np.interp reads a step of the precision envelope).
+double linspace01(int i, int n) { return i == n - 1 ? 1.0 : static_cast<double>(i) * (1.0 / (n - 1)); }
 
 models::DetectionModel& detection_model(nn::Module& model) {
   auto* m = dynamic_cast<models::DetectionModel*>(&model);
@@ -32,26 +41,34 @@ models::DetectionModel& detection_model(nn::Module& model) {
 }
 
 // Targets of image b (rows (class, cx, cy, w, h) normalised) as pixel boxes of an h x w input.
+// As DetectionValidator._prepare_batch: xywh2xyxy of the normalised box, then times the image size.
 std::vector<Detection> truth_boxes(const float* rows, int64_t t, int64_t h, int64_t w) {
   std::vector<Detection> out;
+  const auto W = static_cast<float>(w), H = static_cast<float>(h);
   for (int64_t k = 0; k < t; ++k) {
     const float* r = rows + k * 5;
     if (!(r[3] > 0 && r[4] > 0)) continue;  // padding
-    const float cx = r[1] * static_cast<float>(w), cy = r[2] * static_cast<float>(h);
-    const float bw = r[3] * static_cast<float>(w), bh = r[4] * static_cast<float>(h);
-    out.push_back({cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2, 1.0f, static_cast<int64_t>(r[0])});
+    const float hw = r[3] / 2, hh = r[4] / 2;
+    out.push_back({(r[1] - hw) * W, (r[2] - hh) * H, (r[1] + hw) * W, (r[2] + hh) * H, 1.0f, static_cast<int64_t>(r[0])});
   }
   return out;
 }
 
 }  // namespace
 
+// Ultralytics' non_max_suppression as its validator calls it (multi_label, class-aware, torchvision.ops.nms): the
+// score threshold compares in F32 (PyTorch casts the Python float to the tensor's dtype), the IoU threshold in double
+// (torchvision's kernel takes a double). Ultralytics separates the classes by shifting each box by class x 7680 px
+// before torchvision's IoU; here the IoU is of the unshifted boxes and pairs of different classes are skipped: the
+// same decisions except where the shift's rounding (at most ~5e-4 px per coordinate) moves an IoU across the
+// threshold.
 std::vector<Detection> non_max_suppression(const float* d, int64_t nc, int64_t A, const DetectionTaskOptions& opt) {
   std::vector<Detection> cand;
+  const auto conf = static_cast<float>(opt.conf);
   for (int64_t a = 0; a < A; ++a)
     for (int64_t c = 0; c < nc; ++c) {
       const float s = d[(4 + c) * A + a];
-      if (!(s > opt.conf)) continue;
+      if (!(s > conf)) continue;
       const float cx = d[a], cy = d[A + a], w = d[2 * A + a], h = d[3 * A + a];
       cand.push_back({cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, s, c});
     }
@@ -63,7 +80,7 @@ std::vector<Detection> non_max_suppression(const float* d, int64_t nc, int64_t A
     if (dead[i]) continue;
     keep.push_back(cand[i]);
     for (size_t j = i + 1; j < cand.size(); ++j)
-      if (!dead[j] && cand[j].cls == cand[i].cls && iou(cand[i], cand[j]) > static_cast<float>(opt.nms_iou)) dead[j] = true;
+      if (!dead[j] && cand[j].cls == cand[i].cls && static_cast<double>(iou(cand[i], cand[j])) > opt.nms_iou) dead[j] = true;
   }
   return keep;
 }
@@ -76,34 +93,31 @@ void DetectionMetrics::add_image(const std::vector<Detection>& dets, const std::
     ++gt_count_[static_cast<size_t>(t.cls)];
     if (!seen[static_cast<size_t>(t.cls)]) seen[static_cast<size_t>(t.cls)] = true, ++gt_images_[static_cast<size_t>(t.cls)];
   }
-  // Per threshold, (box, prediction) pairs of the same class with IoU >= t, taken greedily in decreasing IoU, each
-  // box and each prediction at most once. Ultralytics' match_predictions sorts the same way but then keeps one
-  // pair per prediction and per box with two numpy unique passes, which can differ from greedy when a box's best
-  // prediction is claimed by another box (rare; not reproduced).
-  struct Pair {
-    float iou;
-    size_t gt, pred;
-  };
-  std::vector<Pair> pairs;
-  for (size_t g = 0; g < truth.size(); ++g)
-    for (size_t p = 0; p < dets.size(); ++p)
-      if (truth[g].cls == dets[p].cls) {
-        const float v = iou(truth[g], dets[p]);
-        if (v >= 0.5f) pairs.push_back({v, g, p});
-      }
-  std::stable_sort(pairs.begin(), pairs.end(), [](const Pair& x, const Pair& y) { return x.iou > y.iou; });
-  std::vector<Pred> ps(dets.size());
-  for (size_t p = 0; p < dets.size(); ++p) {
+  // Ultralytics 8.4's match_predictions: the detections in the order given (the validator passes NMS's output,
+  // highest confidence first); each one takes, per threshold, the unclaimed box of its class with the highest IoU
+  // (the first on ties; IoU box_iou's, eps 1e-7), and is a hit, claiming that box, when the IoU reaches the threshold.
+  // Detections with no same-class IoU >= 0.5 are misses at every threshold.
+  const size_t G = truth.size(), D = dets.size();
+  std::vector<float> ious(G * D, 0.0f);  // (G, D), 0 across classes
+  for (size_t g = 0; g < G; ++g)
+    for (size_t p = 0; p < D; ++p)
+      if (truth[g].cls == dets[p].cls) ious[g * D + p] = iou(truth[g], dets[p], 1e-7f);
+  std::vector<Pred> ps(D);
+  std::vector<bool> claimed(G * kThresholds, false);  // (G, kThresholds)
+  for (size_t p = 0; p < D; ++p) {
     ps[p].score = dets[p].score, ps[p].cls = dets[p].cls;
     std::fill(std::begin(ps[p].tp), std::end(ps[p].tp), false);
-  }
-  for (int k = 0; k < kThresholds; ++k) {
-    const float thr = 0.5f + 0.05f * static_cast<float>(k);
-    std::vector<bool> gt_used(truth.size(), false), pred_used(dets.size(), false);
-    for (const Pair& pr : pairs) {
-      if (pr.iou < thr || gt_used[pr.gt] || pred_used[pr.pred]) continue;
-      gt_used[pr.gt] = pred_used[pr.pred] = true;
-      ps[pr.pred].tp[k] = true;
+    bool any = false;
+    for (size_t g = 0; g < G; ++g) any = any || ious[g * D + p] >= iou_threshold(0);
+    if (!any) continue;
+    for (int k = 0; k < kThresholds; ++k) {
+      size_t best = 0;
+      float best_v = -1.0f;
+      for (size_t g = 0; g < G; ++g) {
+        const float v = claimed[g * kThresholds + static_cast<size_t>(k)] ? 0.0f : ious[g * D + p];
+        if (v > best_v) best_v = v, best = g;
+      }
+      if (best_v >= iou_threshold(k)) ps[p].tp[k] = true, claimed[best * kThresholds + static_cast<size_t>(k)] = true;
     }
   }
   preds_.insert(preds_.end(), ps.begin(), ps.end());
@@ -119,19 +133,23 @@ double np_interp(double x, const std::vector<double>& xp, const std::vector<doub
 }
 
 double average_precision(const std::vector<double>& recall, const std::vector<double>& precision) {
+  // Ultralytics 8.4's compute_ap: sentinels (0, 1) in front and (last recall, 0), (1, 0) behind, so the precision
+  // falls to 0 right after the highest recall reached (earlier 8.x versions interpolated from there down to (1, 0)).
   std::vector<double> mrec{0.0}, mpre{1.0};
   mrec.insert(mrec.end(), recall.begin(), recall.end());
   mpre.insert(mpre.end(), precision.begin(), precision.end());
+  mrec.push_back(recall.empty() ? 1.0 : recall.back()), mpre.push_back(0.0);
   mrec.push_back(1.0), mpre.push_back(0.0);
   for (size_t i = mpre.size() - 1; i > 0; --i) mpre[i - 1] = std::max(mpre[i - 1], mpre[i]);  // envelope
-  // np.interp(x, mrec, mpre) at x = 0, 0.01, ..., 1, then np.trapz. When the top prediction is a miss, recall 0
-  // repeats and numpy reads the last of those points at x = 0 (the envelope there, not the leading 1).
+  // np.interp(x, mrec, mpre) at x = np.linspace(0, 1, 101), then the trapezoid rule. Where recall repeats (a miss
+  // after a hit, the sentinel), numpy reads the last of the equal points (at x = 0 after a top miss: the envelope
+  // there, not the leading 1).
   auto interp = [&](double x) { return np_interp(x, mrec, mpre, mpre.front(), mpre.back()); };
-  double ap = 0, prev = interp(0.0);
+  double ap = 0, x_prev = 0.0, prev = interp(0.0);
   for (int i = 1; i <= 100; ++i) {
-    const double y = interp(i / 100.0);
-    ap += (prev + y) / 2 * 0.01;
-    prev = y;
+    const double x = linspace01(i, 101), y = interp(x);
+    ap += (x - x_prev) * (prev + y) / 2;
+    x_prev = x, prev = y;
   }
   return ap;
 }
@@ -192,7 +210,7 @@ DetectionMetrics::Summary DetectionMetrics::summary() const {
     std::vector<double> p(kPoints, 0.0), r(kPoints, 0.0);
     if (!neg_conf.empty())
       for (int k = 0; k < kPoints; ++k) {
-        const double x = -static_cast<double>(k) / (kPoints - 1);
+        const double x = -linspace01(k, kPoints);
         p[static_cast<size_t>(k)] = np_interp(x, neg_conf, prec, 1.0, prec.back());
         r[static_cast<size_t>(k)] = np_interp(x, neg_conf, rec, 0.0, rec.back());
       }
@@ -214,7 +232,7 @@ DetectionMetrics::Summary DetectionMetrics::summary() const {
     for (int j = -kHalf; j <= kHalf; ++j) sum += f1[static_cast<size_t>(std::clamp(k + j, 0, kPoints - 1))] * (1.0 / (2 * kHalf + 1));
     if (sum > best_v) best_v = sum, best = static_cast<size_t>(k);
   }
-  out.confidence = static_cast<double>(best) / (kPoints - 1);
+  out.confidence = linspace01(static_cast<int>(best), kPoints);
   for (size_t c = 0; c < out.classes.size(); ++c) out.classes[c].precision = pc[c][best], out.classes[c].recall = rc[c][best];
   return out;
 }

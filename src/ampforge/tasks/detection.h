@@ -1,10 +1,11 @@
 // Object detection with YOLOv8 (models/yolo.h): the v8 loss for training (tasks/detection_loss.h) and an
 // evaluator with Ultralytics' validation semantics (DetectionValidator, ops.non_max_suppression, metrics.py):
 //   decode -> candidates (box, class) with score > conf (multi-label) -> at most 30000 by score -> class-aware
-//   greedy NMS at IoU 0.7 -> at most 300 detections per image; matching per IoU threshold 0.50:0.05:0.95 greedily
-//   by IoU (a prediction and a box matched once, same class); per class AP = area under the precision envelope
-//   sampled at 101 recall points (trapezoid, Ultralytics' compute_ap "interp"); mAP over the classes that have
-//   boxes. Reported: map50, map50_95 (fractions), loss and its parts (box_loss, cls_loss, dfl_loss: mean per
+//   greedy NMS at IoU 0.7 -> at most 300 detections per image; matching per IoU threshold 0.50:0.05:0.95 in
+//   confidence order (each detection takes the unclaimed same-class box of highest IoU, a hit when that IoU reaches
+//   the threshold: Ultralytics 8.4's match_predictions); per class AP = area under the precision envelope, which
+//   drops to 0 after the highest recall, sampled at 101 recall points (trapezoid, Ultralytics 8.4's compute_ap); mAP
+//   over the classes that have boxes. Checked against Ultralytics itself by models/yolo_parity_test.cpp. Reported: map50, map50_95 (fractions), loss and its parts (box_loss, cls_loss, dfl_loss: mean per
 //   batch, gains applied, not multiplied by the batch size — Ultralytics' loss items). The evaluator's details
 //   (Evaluator::details) are the per-class table Ultralytics' validator prints: DetectionMetrics::summary().
 // Batches carry targets (B, T, 5) rows (class, cx, cy, w, h) normalised to the example (data::Batch::targets).
@@ -48,7 +49,8 @@ class DetectionMetrics {
   static constexpr int kThresholds = 10;  // IoU 0.50, 0.55, ..., 0.95
   explicit DetectionMetrics(int64_t num_classes)
       : nc_(num_classes), gt_count_(static_cast<size_t>(num_classes), 0), gt_images_(static_cast<size_t>(num_classes), 0) {}
-  void add_image(const std::vector<Detection>& dets, const std::vector<Detection>& truth);  // truth: score unused
+  // dets in NMS's order (highest score first): matching goes through them in the order given. truth: score unused.
+  void add_image(const std::vector<Detection>& dets, const std::vector<Detection>& truth);
   // (classes with at least one box) x kThresholds AP; map50() and map50_95() average it.
   std::vector<std::vector<double>> ap_per_class() const;
   double map50() const;
@@ -57,7 +59,7 @@ class DetectionMetrics {
 
   // Ultralytics' per-class summary (metrics.ap_per_class, printed by its validator) for the classes with at least
   // one box, in class order. Precision and recall are read, at IoU 0.5, from curves over the confidence
-  // c = 0, 1/999, ..., 1 (np.interp of each class's cumulative precision and recall in score order; precision 1
+  // c = np.linspace(0, 1, 1000) (np.interp of each class's cumulative precision and recall in score order; precision 1
   // and recall 0 above its highest score), all at the one confidence whose class-mean F1 = 2PR / (P + R),
   // smoothed by a 101-point box filter (Ultralytics' smooth(f1, 0.1)), is the highest (the first on ties).
   struct ClassSummary {
@@ -88,8 +90,8 @@ class DetectionMetrics {
 // "map50", "map50_95"}, ...], "per_class_confidence": c}. Names from class_names, else "class<i>".
 EvalDetails per_class_details(const DetectionMetrics& metrics, const std::vector<std::string>& class_names);
 
-// Ultralytics' compute_ap: recall and precision in score order -> the area under the monotone precision envelope,
-// sampled at 101 recall points, by the trapezoid rule.
+// Ultralytics' compute_ap: recall and precision in score order -> the area under the monotone precision envelope
+// (0 after the last recall), sampled at np.linspace(0, 1, 101), by the trapezoid rule.
 double average_precision(const std::vector<double>& recall, const std::vector<double>& precision);
 
 // np.interp(x, xp, fp, left, right) for a non-decreasing xp: left below xp[0], right above xp.back(); on a run of

@@ -26,10 +26,11 @@ std::vector<float> host_floats(const Tensor& t) {
   return std::vector<float>(p, p + c.numel());
 }
 
-// Ultralytics' bbox_iou(box1, box2, xywh=False, CIoU=True) for one pair, in F32 as PyTorch evaluates it.
+// Ultralytics' bbox_iou(box1, box2, xywh=False, CIoU=True) for one pair, in F32 as PyTorch evaluates it
+// (its operations in its order).
 float ciou_host(const float* b1, const float* b2, float eps = 1e-7f) {
-  const float w1 = b1[2] - b1[0], h1 = std::max(b1[3] - b1[1], eps);
-  const float w2 = b2[2] - b2[0], h2 = std::max(b2[3] - b2[1], eps);
+  const float w1 = b1[2] - b1[0], h1 = b1[3] - b1[1] + eps;
+  const float w2 = b2[2] - b2[0], h2 = b2[3] - b2[1] + eps;
   const float inter = std::max(std::min(b1[2], b2[2]) - std::max(b1[0], b2[0]), 0.0f) *
                       std::max(std::min(b1[3], b2[3]) - std::max(b1[1], b2[1]), 0.0f);
   const float uni = w1 * h1 + w2 * h2 - inter + eps;
@@ -40,8 +41,8 @@ float ciou_host(const float* b1, const float* b2, float eps = 1e-7f) {
   const float dx = b2[0] + b2[2] - b1[0] - b1[2], dy = b2[1] + b2[3] - b1[1] - b1[3];
   const float rho2 = (dx * dx + dy * dy) / 4.0f;
   const float d = std::atan(w2 / h2) - std::atan(w1 / h1);
-  const float v = static_cast<float>(4.0 / (kPi * kPi)) * d * d;
-  const float alpha = v / (v - iou + (1.0f + eps));
+  const float v = static_cast<float>(4.0 / (kPi * kPi)) * (d * d);
+  const float alpha = v / (1.0f - iou + v + eps);
   return iou - (rho2 / c2 + v * alpha);
 }
 
@@ -130,6 +131,7 @@ Assignment assign_targets(const Tensor& pd_scores, const Tensor& pd_bboxes, cons
   const std::vector<float> gl = host_floats(gt_labels), gb = host_floats(gt_bboxes), mg = host_floats(mask_gt);
   const auto eps = static_cast<float>(opt.eps);
   const auto alpha = static_cast<float>(opt.alpha), beta = static_cast<float>(opt.beta);
+  const auto stride_val = static_cast<float>(opt.stride_val);
   const int64_t k = std::min(opt.topk, A);
 
   std::vector<float> overlaps(static_cast<size_t>(M * A)), align(static_cast<size_t>(M * A));
@@ -145,10 +147,17 @@ Assignment assign_targets(const Tensor& pd_scores, const Tensor& pd_bboxes, cons
       const float* g = &gb[static_cast<size_t>((b * M + m) * 4)];
       const auto cls = static_cast<int64_t>(gl[static_cast<size_t>(b * M + m)]);
       AF_CHECK(cls >= 0 && cls < nc, "assign_targets: box {} of image {} has class {}, outside [0, {})", m, b, cls, nc);
+      // select_candidates_in_gts (Ultralytics 8.4): the box goes xyxy -> xywh -> xyxy in F32, a side shorter than
+      // stride_val becoming stride_val about the centre; the anchors strictly inside that box are the candidates.
+      float cw = g[2] - g[0], ch = g[3] - g[1];
+      const float ccx = (g[0] + g[2]) / 2, ccy = (g[1] + g[3]) / 2;
+      if (cw < stride_val) cw = stride_val;
+      if (ch < stride_val) ch = stride_val;
+      const float cbox[4] = {ccx - cw / 2, ccy - ch / 2, ccx + cw / 2, ccy + ch / 2};
       for (int64_t a = 0; a < A; ++a) {
         const float ax = anc[static_cast<size_t>(a * 2)], ay = anc[static_cast<size_t>(a * 2 + 1)];
-        const float d = std::min(std::min(ax - g[0], ay - g[1]), std::min(g[2] - ax, g[3] - ay));
-        if (!(d > eps)) continue;  // select_candidates_in_gts: strictly inside
+        const float d = std::min(std::min(ax - cbox[0], ay - cbox[1]), std::min(cbox[2] - ax, cbox[3] - ay));
+        if (!(d > eps)) continue;  // strictly inside
         const size_t i = static_cast<size_t>(m * A + a);
         in_gt[i] = 1;
         const float ov = std::max(ciou_host(g, &pb[static_cast<size_t>((b * A + a) * 4)]), 0.0f);
@@ -211,8 +220,8 @@ Tensor bbox_ciou(const Tensor& box1, const Tensor& box2, double eps) {
   auto part = [](const Tensor& b, int64_t i) { return squeeze(narrow(b, -1, i, 1), -1); };
   const Tensor b1x1 = part(box1, 0), b1y1 = part(box1, 1), b1x2 = part(box1, 2), b1y2 = part(box1, 3);
   const Tensor b2x1 = part(box2, 0), b2y1 = part(box2, 1), b2x2 = part(box2, 2), b2y2 = part(box2, 3);
-  const Tensor w1 = b1x2 - b1x1, h1 = clamp(b1y2 - b1y1, eps, std::nullopt);
-  const Tensor w2 = b2x2 - b2x1, h2 = clamp(b2y2 - b2y1, eps, std::nullopt);
+  const Tensor w1 = b1x2 - b1x1, h1 = b1y2 - b1y1 + eps;
+  const Tensor w2 = b2x2 - b2x1, h2 = b2y2 - b2y1 + eps;
   const Tensor inter = clamp(minimum(b1x2, b2x2) - maximum(b1x1, b2x1), 0.0, std::nullopt) *
                        clamp(minimum(b1y2, b2y2) - maximum(b1y1, b2y1), 0.0, std::nullopt);
   const Tensor uni = w1 * h1 + w2 * h2 - inter + eps;
@@ -227,7 +236,7 @@ Tensor bbox_ciou(const Tensor& box1, const Tensor& box2, double eps) {
   Tensor alpha;
   {
     autograd::NoGradGuard ng;  // Ultralytics computes alpha under torch.no_grad()
-    alpha = (v / (v - iou + (1.0 + eps))).detach();
+    alpha = (v / (neg(iou) + 1.0 + v + eps)).detach();  // v / (1 - iou + v + eps); -iou + 1 is 1 - iou exactly
   }
   return iou - (rho2 / c2 + v * alpha);
 }
@@ -278,13 +287,16 @@ DetectionLossResult detection_loss(const Tensor& raw, const std::vector<std::pai
                "detection_loss: target {} of image {} has class {}, expected an integer in [0, {})", i % std::max<int64_t>(M, 1),
                i / std::max<int64_t>(M, 1), r[0], nc);
   }
-  // Assign (no gradient): scores as probabilities, boxes and anchors in pixels.
+  // Assign (no gradient): scores as probabilities, boxes and anchors in pixels. The small-box floor is the second
+  // stride (the only one for one level), as v8DetectionLoss builds its TaskAlignedAssigner from the model's strides.
+  AssignerOptions assigner = opt.assigner;
+  if (!strides.empty()) assigner.stride_val = strides.size() > 1 ? strides[1] : strides[0];
   Assignment as;
   {
     autograd::NoGradGuard ng;
     as = assign_targets(sigmoid(to(pred_scores.detach(), DType::F32)), mul(pred_bboxes.detach(), st),
                         mul(anc, st), Tensor::from_vector(gl, {B, M}), Tensor::from_vector(gb, {B, M, 4}),
-                        Tensor::from_vector(mg, {B, M}), opt.assigner);
+                        Tensor::from_vector(mg, {B, M}), assigner);
   }
   const float* ts = as.target_scores.data<float>();
   const float* tb = as.target_bboxes.data<float>();

@@ -33,6 +33,10 @@ struct AssignerOptions {
   double alpha = 0.5;   // score exponent (class default 1.0)
   double beta = 6.0;    // IoU exponent
   double eps = 1e-9;
+  // Ultralytics 8.4's stride_val: when candidate anchors are selected, a box side shorter than this is taken as this
+  // long about the box's centre (small objects keep candidates). Ultralytics uses the second stride (the first when
+  // there is one level); detection_loss sets it so from the strides it is given. 16: strides 8, 16, 32.
+  double stride_val = 16;
 };
 
 // The assigner's outputs, CPU tensors: B images, A anchors, nc classes.
@@ -49,14 +53,15 @@ struct Assignment {
 //   pd_scores (B, A, nc) probabilities (sigmoid of the logits); pd_bboxes (B, A, 4) xyxy pixels;
 //   anc_points (A, 2) pixels; gt_labels (B, M) class indices (any numeric dtype); gt_bboxes (B, M, 4) xyxy pixels;
 //   mask_gt (B, M) Bool: which rows are real boxes (M may be 0).
-// Candidates: anchors strictly inside a box (min(l, t, r, b) > eps); metric score^alpha * max(CIoU, 0)^beta;
+// Candidates: anchors strictly inside a box (min(l, t, r, b) > eps), a side shorter than stride_val taken as
+// stride_val about the centre for this test only; metric score^alpha * max(CIoU, 0)^beta against the box itself;
 // top-k per box (ties broken by the lower anchor index); an anchor claimed by several boxes keeps the one with the
 // highest IoU (first on ties); scores normalised per box by max IoU / max metric.
 Assignment assign_targets(const Tensor& pd_scores, const Tensor& pd_bboxes, const Tensor& anc_points,
                           const Tensor& gt_labels, const Tensor& gt_bboxes, const Tensor& mask_gt,
                           const AssignerOptions& opt = {});
 
-// Complete IoU of xyxy boxes (Ultralytics' bbox_iou(..., xywh=False, CIoU=True), heights clamped to eps):
+// Complete IoU of xyxy boxes (Ultralytics' bbox_iou(..., xywh=False, CIoU=True): eps added to the heights):
 // box1, box2 (..., 4) broadcastable -> (...). Differentiable in both; the trade-off factor alpha is detached
 // (computed under no_grad, as Ultralytics).
 Tensor bbox_ciou(const Tensor& box1, const Tensor& box2, double eps = 1e-7);

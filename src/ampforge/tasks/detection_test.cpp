@@ -46,8 +46,10 @@ TEST(DetectionEval, ApOnAHandWorkedCase) {
   // 0, 0.01, ..., 1 (np.interp takes the right-hand value at 0.5 and 0 at 1) and integrated by trapezoids:
   // 0.49 + (1 + 2/3) / 200 + 0.49 * 2/3 + (2/3) / 200 = 0.828333...
   const double ap_hi = 0.49 + (1 + 2.0 / 3) / 200 + 0.49 * 2.0 / 3 + (2.0 / 3) / 200;
-  // IoU >= 0.65: recall 0.5 at precisions 1, 1/2, 1/3: 0.49 + (1 + 1/3) / 200 + (1/3) * 0.5 / 2 = 0.58.
-  const double ap_lo = 0.49 + (1 + 1.0 / 3) / 200 + (1.0 / 3) * 0.5 / 2;
+  // IoU >= 0.65: recall stops at 0.5 (precisions 1, 1/2, 1/3). Ultralytics 8.4's sentinel (0.5, 0) after the last
+  // recall drops the envelope to 0 at 0.5 (np.interp reads the last of the equal points): 0.49 + (1 + 0) / 200 = 0.495
+  // (Ultralytics' compute_ap gives 0.495; earlier 8.x interpolated down to (1, 0): 0.58).
+  const double ap_lo = 0.49 + 1.0 / 200;
   const auto ap = m.ap_per_class();
   ASSERT_EQ(ap.size(), 1u);
   for (int k = 0; k < 10; ++k) EXPECT_NEAR(ap[0][static_cast<size_t>(k)], k < 3 ? ap_hi : ap_lo, 1e-9) << k;
@@ -82,9 +84,9 @@ TEST(DetectionEval, PerClassTableOnAHandWorkedCase) {
   m.add_image({{0, 0, 10, 10, 0.8f, 0}, {60, 60, 70, 70, 0.95f, 1}}, {{0, 0, 10, 10, 1, 0}});
   // cat: recall 1/2, 1 at precision 1 for every threshold: 0.995 (the closing half trapezoid).
   // dog, IoU <= 0.70: recall 0, 1/2, 1, precision 0, 1/2, 2/3: envelope 2/3 from recall 0 (the top miss) to 1:
-  //   0.995 x 2/3. IoU >= 0.75: recall 0, 1/2, 1/2, precision 0, 1/2, 1/3: 1/2 up to recall 0.5 (which reads 1/3),
-  //   then 1/3 down to 0 at 1: 0.49 x 1/2 + (1/2 + 1/3) / 200 + (1/3) x 0.5 / 2 = 0.3325.
-  const double dog50 = 0.995 * 2 / 3, dog_hi = 0.49 / 2 + (0.5 + 1.0 / 3) / 200 + (1.0 / 3) * 0.5 / 2;
+  //   0.995 x 2/3. IoU >= 0.75: recall 0, 1/2, 1/2, precision 0, 1/2, 1/3: 1/2 up to recall 0.5, where the
+  //   sentinel after the last recall reads 0: 0.49 x 1/2 + (1/2 + 0) / 200 = 0.2475 (Ultralytics 8.4's compute_ap).
+  const double dog50 = 0.995 * 2 / 3, dog_hi = 0.49 / 2 + 0.5 / 200;
   // Precision and recall at IoU 0.5: below confidence 0.6 cat has P = R = 1 (F1 1) and dog P = 2/3, R = 1
   // (F1 0.8); above it both are lower (dog: 0 above 0.95, at most 0.5 down to 0.7, rising to 0.8 at 0.6), so the
   // smoothed mean F1 is highest from confidence 0 on, and the first maximum is 0.
