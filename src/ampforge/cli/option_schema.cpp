@@ -8,13 +8,14 @@ namespace {
 void describe(const CLI::App& app, const std::string& path, nlohmann::json& commands) {
   nlohmann::json options = nlohmann::json::array();
   for (const CLI::Option* o : app.get_options()) {
-    const std::string name = o->get_name(true);
-    if (name == "--help" || name == "--version" || name == "-h" || name.empty()) continue;
     nlohmann::json names = nlohmann::json::array();
     for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
     for (const std::string& s : o->get_snames()) names.push_back("-" + s);
     const bool positional = !o->nonpositional();
-    options.push_back({{"name", positional ? name : names.empty() ? name : names[0].get<std::string>()},
+    // A named option by its first long name (else short); a positional by its name (hidden ones included).
+    const std::string name = !names.empty() ? names[0].get<std::string>() : o->get_name(true);
+    if (name.empty() || name == "--help" || name == "--version") continue;
+    options.push_back({{"name", name},
                        {"names", names},
                        {"type", o->get_type_name()},
                        {"takes_value", o->get_items_expected_max() > 0},

@@ -193,7 +193,7 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   auto newer = doctor_json(env);
   EXPECT_EQ(status(newer, "driver.cuda_runtime"), "WARN") << message(newer, "driver.cuda_runtime");
   EXPECT_EQ(status(newer, "driver.cuda_devices"), "PASS") << message(newer, "driver.cuda_devices");
-  EXPECT_EQ(newer.exit_code, 0);
+  EXPECT_EQ(newer.exit_code, 0) << newer.text;
 
   // The hypervisor's port above the GPU claims Gen1 while the link runs at Gen5 under load: not believed.
   env["FAKE_CUDART_VERSION"] = "13000";
