@@ -9,8 +9,8 @@
 #      with the peer interpreter ($AMPFORGE_PEER_PYTHON, default .venv-peer/bin/python when present, made by
 #      `scripts/setup --peer`: PyTorch 2.14 + torchvision 0.29) -> resnet_parity_tv029.* (skipped, with a
 #      warning, when there is no peer: the committed files stay),
-#   5. runs scripts/gen_bert_golden.py (bert-tiny) with the peer interpreter ($PYTHON without one)
-#      -> tests/data/models/.
+#   5. with the peer only (offline: HF_HUB_OFFLINE=1, YOLO_OFFLINE=true): scripts/gen_bert_golden.py (transformers),
+#      scripts/gen_wordpiece_golden.py (tokenizers) and scripts/gen_yolo_golden.py (Ultralytics) -> tests/data/.
 # The peer interpreter is exported as AMPFORGE_PEER_PYTHON (the bench's name for it) to every generator.
 # Commit tests/parity/golden/golden.{safetensors,json} and tests/data/models/* afterwards.
 set -euo pipefail
@@ -45,4 +45,13 @@ if [[ -n "$peer" ]]; then
     "their own name, which resnet_parity_test.cpp's kGoldenSets does not list yet" >&2
   "$peer" "$root/scripts/gen_resnet_golden.py" "$root/tests/data/models"
 fi
-"${peer:-$python}" "$root/scripts/gen_bert_golden.py" "$root/tests/data/models"
+# The real libraries' goldens (transformers, tokenizers, Ultralytics): the peer only, offline.
+if [[ -n "$peer" ]]; then
+  export HF_HUB_OFFLINE=1 YOLO_OFFLINE=true
+  "$peer" "$root/scripts/gen_bert_golden.py" "$root/tests/data/models"
+  "$peer" "$root/scripts/gen_wordpiece_golden.py"
+  "$peer" "$root/scripts/gen_yolo_golden.py" "$root/tests/data/models"
+else
+  echo "gen_golden.sh: no peer: the BERT, WordPiece and YOLOv8 goldens (transformers, tokenizers, Ultralytics) are" \
+       "not regenerated" >&2
+fi

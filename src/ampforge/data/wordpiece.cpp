@@ -30,8 +30,18 @@ bool in_ranges(const CodeRange (&r)[N], char32_t c) {
   return it != r && c <= (it - 1)->hi;
 }
 
-bool is_whitespace(char32_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || in_ranges(kSpaceSep, c); }
-bool is_control(char32_t c) { return c != '\t' && c != '\n' && c != '\r' && in_ranges(kControl, c); }
+// Word breaks: Zs, \t \n \r, and LINE / PARAGRAPH SEPARATOR (Zl, Zp: the only other characters that both of Hugging
+// Face's BERT tokenizers split at, through Python's str.split() and Rust's char::is_whitespace).
+bool is_whitespace(char32_t c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0x2028 || c == 0x2029 || in_ranges(kSpaceSep, c);
+}
+// Private use (Co): three fixed ranges (Unicode's stability policy), dropped by both Hugging Face tokenizers.
+bool is_private_use(char32_t c) {
+  return (c >= 0xE000 && c <= 0xF8FF) || (c >= 0xF0000 && c <= 0xFFFFD) || (c >= 0x100000 && c <= 0x10FFFD);
+}
+bool is_control(char32_t c) {
+  return c != '\t' && c != '\n' && c != '\r' && (in_ranges(kControl, c) || is_private_use(c));
+}
 bool is_punctuation(char32_t c) {
   // BERT treats every non-alphanumeric ASCII symbol as punctuation ("$", "^", "`" are not Unicode P*).
   if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)) return true;

@@ -2,14 +2,21 @@
 // BertTokenizer, re-implemented from their description), reading a standard `vocab.txt` (one token per line,
 // the line number is the id), and a vocabulary builder for users without one.
 //
-// Basic tokenizer, per text: drop U+0000, U+FFFD and control characters (Unicode Cc/Cf except \t \n \r, which
-// are whitespace), map whitespace (Zs, \t \n \r) to spaces, put spaces around CJK ideographs, split on spaces;
+// Basic tokenizer, per text: drop U+0000, U+FFFD, control, format and private-use characters (Unicode Cc/Cf/Co except
+// \t \n \r, which are whitespace), map whitespace (Zs, Zl, Zp, \t \n \r) to spaces, put spaces around CJK
+// ideographs, split on spaces;
 // for an uncased vocabulary lower-case each word and strip accents (NFD, then drop combining marks Mn); split
 // every punctuation character (Unicode P* and the ASCII symbols !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~) into its own
 // word. WordPiece, per word: greedy longest match first from the left, continuation pieces prefixed "##";
 // a word longer than max_input_chars_per_word (100) or with any part unmatched becomes one [UNK].
 // Unicode facts come from a generated table (data/wordpiece_unicode.inc, scripts/gen_unicode_tables.py).
-// Not handled: the final-sigma rule of Python's str.lower() (Σ at a word's end lower-cases to σ here).
+// Checked against Hugging Face's tokenizers (BertWordPieceTokenizer = transformers' BertTokenizerFast) on every code
+// point and on all of WordNet's glosses (wordpiece_test.cpp); where it and transformers' Python tokenizer disagree,
+// the golden (scripts/gen_wordpiece_golden.py) says which one this follows and why. In short: like tokenizers,
+// lower-casing is per character (no final-sigma rule: Σ at a word's end becomes σ), unassigned code points are
+// kept, and special tokens spelled in the text ("[MASK]") are text (tokenizers' encode_special_tokens = True);
+// like BERT's Python tokenizer, the categories are Unicode 14's (tokenizers' tables predate Unicode 10) and the
+// CJK blocks start at U+2B820 (tokenizers: U+2B920).
 #pragma once
 
 #include <cstdint>
