@@ -120,12 +120,15 @@ std::string peer_script() {
   return (fs::path(AMPFORGE_SOURCE_DIR) / "bench" / "peer" / name).string();
 }
 
-// The interpreter for --peer auto: $AMPFORGE_PEER_PYTHON, Debian's /usr/bin/python3, or python3 in PATH —
-// the first that imports torch. Empty when none does.
+// The interpreter for --peer auto: $AMPFORGE_PEER_PYTHON, the source tree's .venv-peer (today's PyTorch with
+// transformers and Ultralytics: `scripts/setup --peer`), Debian's /usr/bin/python3 (PyTorch 1.13), or python3 in
+// PATH — the first that imports torch. Empty when none does.
 std::string find_peer_python(const std::string& flag, std::string* torch_version, std::string* why) {
   std::vector<std::string> candidates;
   if (flag == "auto") {
     if (const char* env = std::getenv("AMPFORGE_PEER_PYTHON")) candidates.push_back(env);
+    if (const fs::path venv = fs::path(AMPFORGE_SOURCE_DIR) / ".venv-peer" / "bin" / "python"; fs::exists(venv))
+      candidates.push_back(venv.string());
     candidates.push_back("/usr/bin/python3");
     candidates.push_back("python3");
   } else {
@@ -610,7 +613,8 @@ Command add_bench_command(CLI::App& app) {
                 "rebuilt in backward; the peer keeps its default)");
   sub->add_flag("--full", f->full, "The brief's batch sizes on any device (a GPU gets them by default)");
   sub->add_option("--peer", f->peer,
-                  "auto (a Python with PyTorch: $AMPFORGE_PEER_PYTHON, /usr/bin/python3, python3) | none | PYTHON")
+                  "auto (a Python with PyTorch: $AMPFORGE_PEER_PYTHON, the source tree's .venv-peer, /usr/bin/python3, "
+                  "python3) | none | PYTHON")
       ->capture_default_str();
   sub->add_option("--peer-timeout", f->peer_timeout, "Seconds one peer cell may take")->capture_default_str();
   sub->add_flag("--max-batch", f->max_batch,
