@@ -26,7 +26,7 @@ Command add_data_command(CLI::App& app) {
   make->add_option("--train", args->opt.train_images, "Training images")->capture_default_str();
   make->add_option("--val", args->opt.val_images, "Validation images")->capture_default_str();
   make->add_option("--canvas", args->opt.canvas, "Canvas side in pixels")->capture_default_str();
-  make->add_option("--max-items", args->opt.max_items, "Most items per canvas")->capture_default_str();
+  make->add_option("--max-items", args->opt.max_items, "Most items per canvas (fewer when it is full)")->capture_default_str();
   make->add_option("--seed", args->opt.seed, "Seed (the set is a function of it)")->capture_default_str();
   make->add_option("--fashion-mnist-dir", args->opt.fashion_mnist_dir, "Fashion-MNIST's IDX files")
       ->capture_default_str();

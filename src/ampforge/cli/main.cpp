@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -41,6 +42,10 @@ int main(int argc, char** argv) {
       if (c.sub->parsed()) return c.run();
   } catch (const ampforge::Error& e) {
     return fail(e.what(), e.kind() == ampforge::ErrorKind::Internal ? 3 : 2);
+  } catch (const std::bad_alloc&) {
+    // A request larger than the host can hold (sizes from the command line): the user's to change, not a bug.
+    return fail("out of host memory: the sizes asked for need more memory than this machine (or its limit) gives; "
+                "lower them (batch, image size, data set size)", 2);
   } catch (const std::exception& e) {
     return fail(e.what(), 3);
   }

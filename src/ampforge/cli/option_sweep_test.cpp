@@ -9,6 +9,7 @@
 // synthetic data, one step); the swept option replaces the base's value of the same option.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -146,6 +147,11 @@ class OptionSweep : public ::testing::TestWithParam<std::string> {
   // Fixtures: a memory snapshot, a predict input, a detection set and a one-step YOLOv8n checkpoint on it, a file
   // of garbage. Made once per test process (each subcommand's test is a process of its own under ctest).
   static void SetUpTestSuite() {
+    // Every run (a child: the limit is inherited) may hold at most 8 GiB of data: a huge value that makes the program
+    // allocate without bound must fail there, with a message, instead of taking the machine's memory (24 GiB) from
+    // the tests beside it.
+    const rlimit data{8LL << 30, 8LL << 30};
+    ASSERT_EQ(::setrlimit(RLIMIT_DATA, &data), 0);
     dir() = fs::temp_directory_path() / ("ampforge_option_sweep_" + std::to_string(::getpid()));
     fs::remove_all(dir());
     fs::create_directories(dir());

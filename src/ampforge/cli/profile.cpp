@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/hw/subprocess.h"
 #include "ampforge/profiler/activity_file.h"
 #include "ampforge/profiler/chrome_trace.h"
 #include "ampforge/profiler/device.h"
@@ -77,6 +78,11 @@ Command add_profile_command(CLI::App& app) {
   sub->add_option("command", flags->command, "The program and its arguments (after --)")->required()->expected(-1);
   sub->footer("Example: ampforge profile --trace run.json -- ampforge train --epochs 1 --profile");
   return {sub, [flags] {
+            // Before anything starts: a missing program is a usage error (exit 2), not the child's exit 127.
+            AF_CHECK(!flags->command.empty() && !hw::find_in_path(flags->command[0]).empty(),
+                     "profile: '{}' is not a program this machine can run (no executable file of that name{})",
+                     flags->command.empty() ? "" : flags->command[0],
+                     flags->command.empty() || flags->command[0].find('/') == std::string::npos ? " in PATH" : "");
             const profiler::CudaPresence cuda = profiler::probe_cuda();
             const std::string injection = profiler::cupti_injection_library();
             if (!cuda.present)

@@ -453,7 +453,11 @@ void compose_split(const MnistDataset& src, const std::string& out, const std::s
     std::vector<std::array<double, 4>> placed;
     std::ostringstream labels;
     const int64_t n = rng.randint(opt.min_items, opt.max_items + 1);
-    for (int64_t k = 0; k < n; ++k) {
+    // A canvas is full when items keep finding no free place: stop there, whatever --max-items asked for (the option
+    // is a ceiling; a huge one must not spin for hours over a full canvas).
+    constexpr int kFullAfter = 20;  // consecutive items that found no place
+    int misses = 0;
+    for (int64_t k = 0; k < n && misses < kFullAfter; ++k) {
       const int64_t idx = rng.randint(0, src.size());
       src.get(idx, item.data());
       const auto side = static_cast<int64_t>(std::llround(28.0 * rng.uniform(opt.min_scale, opt.max_scale)));
@@ -477,7 +481,11 @@ void compose_split(const MnistDataset& src, const std::string& out, const std::s
         for (const auto& p : placed) ok = ok && box_iou(b.data(), p.data()) <= 0.3;
         if (ok) placed.push_back(b);
       }
-      if (!ok) continue;
+      if (!ok) {
+        ++misses;
+        continue;
+      }
+      misses = 0;
       for (int64_t y = 0; y < s; ++y)
         for (int64_t x = 0; x < s; ++x) {
           const auto v = static_cast<uint8_t>(std::lround(std::clamp(scaled[static_cast<size_t>(y * s + x)], 0.0f, 1.0f) * 255.0f));
@@ -499,7 +507,12 @@ void compose_split(const MnistDataset& src, const std::string& out, const std::s
 }  // namespace
 
 std::string compose_fashion_mnist_detection(const std::string& out_dir, const ComposeDetectionOptions& opt) {
-  AF_CHECK(opt.canvas >= 32, "make-detection: the canvas must be at least 32 pixels, got {}", opt.canvas);
+  // 8192: a canvas of 64 MiB of 8-bit pixels, 290 times a Fashion-MNIST item's largest side; above it a canvas is not
+  // a detection image any model here trains on (and its size in bytes must not overflow).
+  AF_CHECK(opt.canvas >= 32 && opt.canvas <= 8192, "make-detection: the canvas must be 32 to 8192 pixels, got {}",
+           opt.canvas);
+  AF_CHECK(!fs::exists(out_dir) || fs::is_directory(out_dir), "make-detection: '{}' exists and is not a directory",
+           out_dir);
   AF_CHECK(opt.min_items >= 1 && opt.max_items >= opt.min_items, "make-detection: need 1 <= min items <= max items");
   AF_CHECK(opt.min_scale > 0 && opt.max_scale >= opt.min_scale, "make-detection: need 0 < min scale <= max scale");
   AF_CHECK(opt.train_images >= 1 && opt.val_images >= 1, "make-detection: both splits need at least one image");

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +55,16 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+bool executable_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+// The program's path: itself when it names a path (contains '/'), else the first executable file of that name in
+// PATH; "" when there is none.
 std::string which(const std::string& program) {
+  if (program.empty()) return {};
+  if (program.find('/') != std::string::npos) return executable_file(program) ? program : std::string();
   const char* path = std::getenv("PATH");
   std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
   size_t start = 0;
@@ -63,7 +73,7 @@ std::string which(const std::string& program) {
     if (colon == std::string::npos) colon = p.size();
     const std::string dir = p.substr(start, colon - start);
     const std::string cand = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    if (executable_file(cand)) return cand;
     start = colon + 1;
   }
   return {};
@@ -210,6 +220,11 @@ std::vector<std::string> mpirun_command(const std::string& mpirun, const LaunchO
 int launch(const LaunchOptions& o) {
   AF_CHECK(o.nproc >= 1 && o.nproc <= 4096, "launch: -n must be in [1, 4096], got {}", o.nproc);
   AF_CHECK(!o.command.empty(), "launch: no command to run (ampforge launch -n N -- ampforge train ...)");
+  // Checked here, before any rank starts: mpirun would report a missing program in a page of its own text and exit
+  // with a code of its own (131-134), which `launch` passes on as if the program had failed.
+  AF_CHECK(!which(o.command[0]).empty(),
+           "launch: '{}' is not a program this machine can run (no executable file of that name{})", o.command[0],
+           o.command[0].find('/') == std::string::npos ? " in PATH" : "");
   AF_CHECK(o.grace_s >= 0, "launch: --grace must be >= 0, got {}", o.grace_s);
   AF_CHECK(o.master_port >= 0 && o.master_port <= 65535, "launch: --master-port must be in [0, 65535], got {}",
            o.master_port);

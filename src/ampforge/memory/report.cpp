@@ -11,6 +11,7 @@
 
 #include "ampforge/memory/stats.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::memory {
 
@@ -108,13 +109,14 @@ class SnapshotChecker {
 }  // namespace
 
 nlohmann::json snapshot_read(const std::string& path) {
+  check_readable_file(path, "memory snapshot");
   std::ifstream in(path);
   if (!in) AF_THROW(Io, "cannot open the memory snapshot '{}': {}", path, std::strerror(errno));
   nlohmann::json j;
   try {
     in >> j;
   } catch (const nlohmann::json::exception& e) {
-    AF_THROW(InvalidArgument, "{}: not valid JSON: {}", path, e.what());
+    AF_THROW(InvalidArgument, "{}: not valid JSON: {}", path, excerpt_for_message(e.what(), 300));
   }
   AF_CHECK(j.is_object() && j.contains("format") && j.at("format").is_string() && j.at("format") == kFormat,
            "{}: not an ampforge memory snapshot (expected \"format\": \"{}\")", path, kFormat);

@@ -46,10 +46,10 @@ Trace trace_parse(std::istream& in, const std::string& source) {
   auto number = [&](std::string_view f, const char* what, uint64_t max) {
     uint64_t v = 0;
     const bool digits = !f.empty() && f.find_first_not_of("0123456789") == std::string_view::npos;
-    if (!digits) fail(fmt::format("{} '{}' is not an unsigned decimal integer", what, f));
+    if (!digits) fail(fmt::format("{} '{}' is not an unsigned decimal integer", what, excerpt_for_message(f)));
     const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
     if (ec != std::errc() || p != f.data() + f.size() || v > max)
-      fail(fmt::format("{} {} is out of range (at most {})", what, f, max));
+      fail(fmt::format("{} {} is out of range (at most {})", what, excerpt_for_message(f), max));
     return v;
   };
   while (std::getline(in, line)) {
@@ -58,7 +58,7 @@ Trace trace_parse(std::istream& in, const std::string& source) {
     if (!header) {
       if (line != kHeader)
         fail(fmt::format("expected the header line '{}', found '{}' (is this an ampforge memory trace?)", kHeader,
-                         line.substr(0, 60)));
+                         excerpt_for_message(line)));
       header = true;
       continue;
     }
@@ -82,7 +82,7 @@ Trace trace_parse(std::istream& in, const std::string& source) {
       if (f.size() != 1) fail("'s' takes no fields");
       e.kind = TraceEvent::Step;
     } else {
-      fail(fmt::format("unknown event '{}'; expected a (allocation), f (free) or s (step)", f[0]));
+      fail(fmt::format("unknown event '{}'; expected a (allocation), f (free) or s (step)", excerpt_for_message(f[0])));
     }
     t.events.push_back(e);
   }
@@ -91,6 +91,7 @@ Trace trace_parse(std::istream& in, const std::string& source) {
 }
 
 Trace trace_read(const std::string& path) {
+  check_readable_file(path, "memory trace");
   std::ifstream in(path);
   if (!in) AF_THROW(Io, "cannot open the memory trace '{}': {}", path, std::strerror(errno));
   return trace_parse(in, path);

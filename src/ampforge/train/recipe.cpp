@@ -46,6 +46,7 @@ int64_t eval_batch_size(const TrainConfig& c, bool masked_lm, const Shape& examp
 namespace {
 
 void validate(const TrainConfig& c) {
+  AF_CHECK(c.batch_size >= 1, "--batch must be >= 1, got {}", c.batch_size);
   AF_CHECK(c.lr > 0 && std::isfinite(c.lr), "--lr must be a positive number, got {}", c.lr);
   AF_CHECK(c.lr_reference_batch >= 0, "--lr-reference-batch must be >= 0, got {}", c.lr_reference_batch);
   AF_CHECK(c.eval_batch_size >= 0, "--eval-batch must be >= 1 (0: auto), got {}", c.eval_batch_size);
@@ -85,7 +86,10 @@ void validate(const TrainConfig& c) {
   AF_CHECK(c.workers >= 0 && c.workers <= 64, "--workers must be in [0, 64], got {}", c.workers);
   AF_CHECK(!c.stochastic_rounding || (c.master_weights && c.precision == DType::BF16),
            "--stochastic-rounding needs --precision bf16 --master-weights (it rounds the BF16 model copy)");
-  AF_CHECK(c.synthetic_size >= 1, "--synthetic-size must be >= 1");
+  // The loader shuffles a permutation of every index each epoch (8 bytes each, as PyTorch's RandomSampler's randperm):
+  // 1e8 examples hold 800 MB of it; above that a synthetic set is a mistake, not a workload.
+  AF_CHECK(c.synthetic_size >= 1 && c.synthetic_size <= 100'000'000,
+           "--synthetic-size must be in [1, 100000000], got {}", c.synthetic_size);
   AF_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label-smoothing must be in [0, 1), got {}",
            c.label_smoothing);
   if (c.schedule != "auto") optim::schedule_from_string(c.schedule);

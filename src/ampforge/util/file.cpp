@@ -1,6 +1,7 @@
 #include "ampforge/util/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -45,6 +46,30 @@ void write_file_atomically(const std::string& path, std::string_view bytes, cons
     ::unlink(tmp.c_str());
     AF_THROW(Io, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err));
   }
+}
+
+void check_readable_file(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) AF_THROW(Io, "cannot open the {} '{}': {}", what, path, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) AF_THROW(InvalidArgument, "'{}' is a directory, not a {}", path, what);
+  if (::access(path.c_str(), R_OK) != 0) AF_THROW(Io, "cannot open the {} '{}': {}", what, path, std::strerror(errno));
+}
+
+std::string excerpt_for_message(std::string_view bytes, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (out.size() >= max) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  return out;
 }
 
 }  // namespace ampforge

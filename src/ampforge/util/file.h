@@ -13,4 +13,13 @@ namespace ampforge {
 // loss (checkpoints, core/safetensors.h) do their own.
 void write_file_atomically(const std::string& path, std::string_view bytes, const char* what);
 
+// Throws a clear error unless `path` is a file that can be opened for reading: Io "cannot open the <what> '<path>':
+// <reason>" when it is missing or unreadable, InvalidArgument "'<path>' is a directory, not a <what>" for a
+// directory (which a std::ifstream opens without complaint, failing only at the first read).
+void check_readable_file(const std::string& path, const char* what);
+
+// Bytes read from a file, fit for an error message: at most `max` characters, control and non-ASCII bytes written
+// as \xNN (a binary file's bytes never reach the terminal raw), "..." when cut.
+std::string excerpt_for_message(std::string_view bytes, size_t max = 60);
+
 }  // namespace ampforge
