@@ -4,7 +4,7 @@
     python3 torch_bench_peer.py --model cnn|resnet50|... --precision fp32|tf32|fp16|bf16 --batch B
                                 [--image-size S] [--seq-len L] --steps N --warmup W [--device cpu|cuda[:N]]
                                 [--threads T] [--optimizer sgd|adamw] [--memory-format nchw|channels_last|both]
-                                [--serve]
+                                [--compile] [--serve]
 
 The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
 fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through the CUDA GradScaler for fp16),
@@ -148,6 +148,12 @@ def prepare(a, memory_format):
     torch.manual_seed(0)
     model, batch, loss_fn = build(a.model, a, memory_format)
     model.train()
+    if a.compile:
+        # torch.compile with its default backend (inductor) over the whole forward and loss, as a user writes it;
+        # AOTAutograd compiles the backward from it. The first warm-up step pays the compilation.
+        if not hasattr(torch, "compile"):
+            raise RuntimeError(f"torch.compile needs PyTorch 2.0 or later; this peer has {torch.__version__}")
+        loss_fn = torch.compile(loss_fn)
     params = sum(p.numel() for p in model.parameters())
     if a.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -298,12 +304,17 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--memory-format", choices=["nchw", "channels_last", "both"], default="both")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile (inductor) the forward and the loss; at least two warm-up steps")
     p.add_argument("--serve", action="store_true",
                    help="CPU: after the warm-up, time one step per memory format for each 'step' line on stdin")
     a = p.parse_args()
+    if a.compile:
+        a.warmup = max(a.warmup, 2)  # the first compiles the graphs, the second runs them once untimed
     if a.threads > 0:
         torch.set_num_threads(a.threads)
-    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device, "results": {}}
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device, "results": {},
+           "compiled": a.compile}
     formats = ["nchw", "channels_last"] if a.memory_format == "both" else [a.memory_format]
     if a.model in BERT:
         formats = ["default"]  # token ids: no memory format

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -75,6 +76,7 @@ struct BenchFlags {
   int warmup = -1, steps = -1, threads = 0;
   bool channels_last = false, nchw = false, cuda_graphs = false, json = false, full = false, collective = false;
   bool interleave = false;  // --interleave
+  bool no_compile = false;  // --no-compile: no torch.compile column
   double peer_timeout = 1800;
   CollectiveBenchOptions coll;
 };
@@ -207,6 +209,20 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
                     int64_t size, bool seq, const BenchFlags& f, int warmup, int steps, int threads,
                     std::string* gpu_name) {
   const std::vector<std::string> argv = peer_argv(python, model, precision, batch, size, seq, f, warmup, steps, threads);
+  return parse_peer_result(hw::run_subprocess(argv, f.peer_timeout), argv[1], batch, f, gpu_name);
+}
+
+// The peer under torch.compile, in the memory format its eager run found faster (compiling both would double the
+// minutes inductor takes); a failure (a compile error) is this cell's message only.
+BenchSide compiled_peer_cell(const std::string& python, const std::string& model, const std::string& precision,
+                             int64_t batch, int64_t size, bool seq, const BenchFlags& f, int warmup, int steps,
+                             int threads, const std::optional<BenchSide>& eager, std::string* gpu_name) {
+  std::vector<std::string> argv = peer_argv(python, model, precision, batch, size, seq, f, warmup, steps, threads);
+  argv.push_back("--compile");
+  if (eager && eager->ok && (eager->memory_format == "nchw" || eager->memory_format == "channels_last")) {
+    argv.push_back("--memory-format");
+    argv.push_back(eager->memory_format);
+  }
   return parse_peer_result(hw::run_subprocess(argv, f.peer_timeout), argv[1], batch, f, gpu_name);
 }
 
@@ -402,6 +418,9 @@ int run_bench(const BenchFlags& f) {
     rep.peer_python = peer_python;
   }
   const bool interleave = f.interleave && !peer_python.empty();
+  // The torch.compile column: with a PyTorch 2.x peer unless --no-compile (measured once per cell, after the rounds).
+  const bool compile_peer = !peer_python.empty() && !f.no_compile && !rep.peer_torch.empty() &&
+                            rep.peer_torch[0] >= '2' && rep.peer_torch[0] <= '9';
   rep.interleaved = interleave;
   rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
                         : "reduced for a CPU (--full for the brief's): ";
@@ -539,6 +558,13 @@ int run_bench(const BenchFlags& f) {
           row.ours.profile = rounds[0].first.profile;  // --profile: round 0's step
         }
       }
+      if (compile_peer) {
+        std::fprintf(stderr, "; torch.compile ...");
+        std::fflush(stderr);
+        row.compiled = compiled_peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
+                                          row.peer, &rep.device_name);
+        std::fprintf(stderr, row.compiled->ok ? " %.1f samples/s" : " failed", row.compiled->samples_per_sec);
+      }
       if (row.input.empty())
         row.input = seq ? fmt::format("seq {}", sz.size) : sz.size > 0 ? fmt::format("{0}x{0}", sz.size) : "default";
       if (max_batch_budget > 0) {
@@ -617,6 +643,9 @@ Command add_bench_command(CLI::App& app) {
                   "python3) | none | PYTHON")
       ->capture_default_str();
   sub->add_option("--peer-timeout", f->peer_timeout, "Seconds one peer cell may take")->capture_default_str();
+  sub->add_flag("--no-compile", f->no_compile,
+                "No torch.compile column (by default a PyTorch 2.x peer is also measured under torch.compile, inductor, "
+                "in its faster memory format; compiling takes minutes per cell on a CPU)");
   sub->add_flag("--max-batch", f->max_batch,
                 "Add a column: the largest batch of each row whose training step fits --budget, planned on the meta "
                 "device standing for --device (seconds per row; docs/BENCH.md)");

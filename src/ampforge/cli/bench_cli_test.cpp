@@ -174,12 +174,13 @@ TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
   }
   ::chmod(py.c_str(), 0755);
   const CmdResult r = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
-                                   "--rounds 3 --json --peer " + py.string(), false);
+                                   "--rounds 3 --json --no-compile --peer " + py.string(), false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), 1u);
   const auto& row = j["rows"][0];
   ASSERT_EQ(row["round_ratios"].size(), 3u) << row;
+  EXPECT_TRUE(row["peer_compiled"].is_null()) << "--no-compile";
   std::vector<double> ratios = row["round_ratios"].get<std::vector<double>>();
   std::sort(ratios.begin(), ratios.end());
   EXPECT_NEAR(row["ratio"].get<double>(), ratios[1], 1e-9) << row;
@@ -188,11 +189,63 @@ TEST(BenchCli, RoundsKeepTheMedianRoundAndListEveryRatio) {
   EXPECT_EQ(read_text(count), "3\n") << "one peer run per round";
   fs::remove(count);
   const CmdResult t = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
-                                   "--rounds 2 --peer " + py.string(), false);
+                                   "--rounds 2 --no-compile --peer " + py.string(), false);
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("rounds (ampforge and PyTorch alternating"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("  cnn fp32: "), std::string::npos) << t.out;
   EXPECT_EQ(run_ampforge("bench --models cnn --rounds 0 --peer none", false).code, 2);
+}
+
+// The torch.compile column: a PyTorch 2.x peer is run a second time with --compile, in the memory format its eager
+// run found faster, once per cell after the rounds; its rate and ratio get columns of their own (table, JSON,
+// Markdown), and a compile failure is that cell's message while the eager cell and ampforge's stay.
+TEST(BenchCli, CompiledPeerColumnAndItsFailureAreShown) {
+  const fs::path py = tmp("fake_python_compile"), args = tmp("peer_args");
+  fs::remove(args);
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\nARGS_FILE=" << args.string() << "\n"
+      << R"SH(if [ "$1" = "-c" ]; then echo 2.14.1-fake; exit 0; fi
+echo "$*" >> "$ARGS_FILE"
+case "$*" in
+  *bf16*--compile*) echo '{"torch": "2.14.1", "results": {}, "error": "InductorError: fake compile failure"}'; exit 0;;
+  *--compile*) r=40.0;;
+  *) r=20.0;;
+esac
+echo "{\"torch\": \"2.14.1\", \"results\": {\"channels_last\": {\"seconds\": [0.5], \"median\": 0.5, \"mean\": 0.5, \"samples_per_sec\": $r, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"channels_last\"}"
+)SH";
+  }
+  ::chmod(py.c_str(), 0755);
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32,bf16 --batch cnn=8 --warmup 0 --steps 1 "
+                                   "--threads 1 --json --peer " + py.string(), false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  const auto& fp32 = j["rows"][0];
+  ASSERT_TRUE(fp32["peer_compiled"].is_object()) << fp32;
+  EXPECT_EQ(fp32["peer_compiled"]["samples_per_sec"], 40.0);
+  EXPECT_NEAR(fp32["ratio_compiled"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 40.0, 1e-9);
+  EXPECT_NEAR(fp32["ratio"].get<double>(), fp32["ampforge"]["samples_per_sec"].get<double>() / 20.0, 1e-9);
+  const auto& bf16 = j["rows"][1];
+  EXPECT_EQ(bf16["peer_compiled"]["error"], "InductorError: fake compile failure") << bf16;
+  EXPECT_TRUE(bf16["ratio_compiled"].is_null());
+  EXPECT_EQ(bf16["peer"]["samples_per_sec"], 20.0) << "the eager cell stays";
+  EXPECT_TRUE(bf16["ampforge"].contains("samples_per_sec")) << "ampforge's cell stays";
+  // The compiled run is told the eager run's faster memory format.
+  const std::string calls = read_text(args);
+  EXPECT_NE(calls.find("--compile --memory-format channels_last"), std::string::npos) << calls;
+  // The terminal table and the Markdown file carry the columns and the failure.
+  const fs::path md = tmp("compiled.md");
+  const CmdResult t = run_ampforge("bench --models cnn --precisions fp32,bf16 --batch cnn=8 --warmup 0 --steps 1 "
+                                   "--threads 1 --markdown " + md.string() + " --peer " + py.string(), false);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("compiled"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("PyTorch compiled: InductorError: fake compile failure"), std::string::npos) << t.out;
+  const std::string m = read_text(md);
+  EXPECT_NE(m.find("PyTorch compiled samples/s"), std::string::npos) << m;
+  EXPECT_NE(m.find("failed: InductorError"), std::string::npos) << m;
+  fs::remove(args);
+  fs::remove(md);
 }
 
 // --interleave: the peer runs beside ampforge (--serve), announces it is warmed up, and takes exactly one step per

@@ -22,8 +22,11 @@ void compute_derived(BenchReport& r) {
   for (BenchRow& row : r.rows) {
     row.gain_vs_fp32_percent.reset();
     row.ratio.reset();
+    row.ratio_compiled.reset();
     if (row.ours.ok && row.peer && row.peer->ok && row.peer->samples_per_sec > 0)
       row.ratio = row.ours.samples_per_sec / row.peer->samples_per_sec;
+    if (row.ours.ok && row.compiled && row.compiled->ok && row.compiled->samples_per_sec > 0)
+      row.ratio_compiled = row.ours.samples_per_sec / row.compiled->samples_per_sec;
     if (!row.ours.ok || row.precision == "fp32") continue;
     for (const BenchRow& base : r.rows)
       if (base.model == row.model && base.precision == "fp32" && base.batch == row.batch && base.ours.ok &&
@@ -156,6 +159,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
     nlohmann::json jr = {{"model", row.model}, {"precision", row.precision}, {"batch", row.batch},
                          {"input", row.input}, {"ampforge", side_json(row.ours)}};
     jr["peer"] = row.peer ? side_json(*row.peer) : nlohmann::json();
+    jr["peer_compiled"] = row.compiled ? side_json(*row.compiled) : nlohmann::json();
     jr["gain_vs_fp32_percent"] = opt_json(row.gain_vs_fp32_percent);
     if (!row.max_batch)
       jr["max_batch"] = nullptr;
@@ -165,6 +169,7 @@ nlohmann::json bench_to_json(const BenchReport& r) {
       jr["max_batch"] = {{"batch", row.max_batch->batch}, {"limited", row.max_batch->limited},
                          {"seconds", row.max_batch->seconds}};
     jr["ratio"] = opt_json(row.ratio);
+    jr["ratio_compiled"] = opt_json(row.ratio_compiled);
     if (!row.round_ratios.empty()) jr["round_ratios"] = row.round_ratios;
     if (const auto ref = brief_reference(row.model))
       jr["reference"] = {{"fp32", ref->fp32}, {"fp16", ref->fp16}, {"what", ref->label}, {"source", kBriefEnvironment}};
@@ -178,20 +183,25 @@ nlohmann::json bench_to_json(const BenchReport& r) {
 std::string bench_table(const BenchReport& r) {
   std::string s = header_lines(r) + "\n\n";
   const bool mb = r.max_batch_budget > 0;
-  s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}", "model", "prec",
-                   "batch", "input", "samples/s (mean)", "ms/step", "peak alloc", "peak resv", "vs fp32", "PyTorch",
-                   "ratio", "brief4080");
+  bool comp = false;
+  for (const BenchRow& row : r.rows) comp |= row.compiled.has_value();
+  auto ratio_cell = [](const std::optional<double>& v) { return v ? fmt::format("{:.2f}x", *v) : std::string("-"); };
+  s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7}", "model", "prec", "batch",
+                   "input", "samples/s (mean)", "ms/step", "peak alloc", "peak resv", "vs fp32", "PyTorch", "ratio");
+  if (comp) s += fmt::format(" {:>10} {:>7}", "compiled", "ratio");
+  s += fmt::format(" {:>9}", "brief4080");
   s += mb ? fmt::format(" {:>10}\n", "max batch") : "\n";
   for (const BenchRow& row : r.rows) {
     const BenchSide& o = row.ours;
-    s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7} {:>9}\n", row.model,
+    s += fmt::format("{:<12} {:<5} {:>6} {:<10} {:>16} {:>9} {:>10} {:>10} {:>8} {:>10} {:>7}", row.model,
                      row.precision, row.batch, row.input,
                      o.ok ? fmt::format("{:.1f} ({:.1f})", o.samples_per_sec, o.mean_samples_per_sec) : "failed",
                      o.ok ? fmt::format("{:.1f}", 1e3 * o.median_seconds) : "-", mib(o.peak_allocated_bytes),
                      mib(o.peak_reserved_bytes),
                      row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-",
-                     peer_cell(row), row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
-    s.pop_back();  // the newline: the max-batch column may follow
+                     peer_cell(row), ratio_cell(row.ratio));
+    if (comp) s += fmt::format(" {:>10} {:>7}", row.compiled ? rate(*row.compiled) : "-", ratio_cell(row.ratio_compiled));
+    s += fmt::format(" {:>9}", reference_cell(row));
     s += mb ? fmt::format(" {:>10}\n", max_batch_cell(row)) : "\n";
   }
   bool notes = false;
@@ -204,6 +214,7 @@ std::string bench_table(const BenchReport& r) {
     };
     note("ampforge", row.ours);
     if (row.peer) note("PyTorch", *row.peer);
+    if (row.compiled) note("PyTorch compiled", *row.compiled);
     if (row.max_batch && !row.max_batch->error.empty()) {
       if (!notes) s += "\n";
       notes = true;
@@ -219,7 +230,9 @@ std::string bench_table(const BenchReport& r) {
     for (double r : row.round_ratios) list += fmt::format("{}{:.2f}x", list.empty() ? "" : " ", r);
     s += fmt::format("  {} {}: {}\n", row.model, row.precision, list);
   }
-  s += "\nratio = ampforge / PyTorch samples/s (> 1: ampforge is faster); brief4080 = ";
+  s += "\nratio = ampforge / PyTorch samples/s (> 1: ampforge is faster)";
+  if (comp) s += "; compiled = PyTorch under torch.compile (inductor), its ratio likewise";
+  s += "; brief4080 = ";
   s += kBriefEnvironment;
   s += "\n";
   return s;
@@ -230,84 +243,140 @@ std::string bench_markdown(const BenchReport& r) {
   std::string out;
   for (char c : s) out += c == '\n' ? std::string("  \n") : std::string(1, c);
   const bool mb = r.max_batch_budget > 0;
+  bool comp = false;
+  for (const BenchRow& row : r.rows) comp |= row.compiled.has_value();
   out += "\n\n| model | precision | batch | input | samples/s | mean | ms/step | peak allocated | peak reserved | "
-         "vs FP32 | PyTorch samples/s | ratio | brief RTX 4080 |";
+         "vs FP32 | PyTorch samples/s | ratio |";
+  if (comp) out += " PyTorch compiled samples/s | ratio (compiled) |";
+  out += " brief RTX 4080 |";
   out += mb ? " max batch |\n" : "\n";
-  out += mb ? "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" : "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  const int columns = 13 + (comp ? 2 : 0) + (mb ? 1 : 0);
+  for (int c = 0; c < columns; ++c) out += "|---";
+  out += "|\n";
   for (const BenchRow& row : r.rows) {
     const BenchSide& o = row.ours;
     std::string peer = peer_cell(row);
     if (row.peer && !row.peer->ok) peer = "failed: " + row.peer->error;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", row.model, row.precision,
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |", row.model, row.precision,
                        row.batch, row.input, o.ok ? fmt::format("{:.1f}", o.samples_per_sec) : "failed: " + o.error,
                        o.ok ? fmt::format("{:.1f}", o.mean_samples_per_sec) : "-",
                        o.ok ? fmt::format("{:.1f}", 1e3 * o.median_seconds) : "-", mib(o.peak_allocated_bytes),
                        mib(o.peak_reserved_bytes),
                        row.gain_vs_fp32_percent ? fmt::format("{:+.0f}%", *row.gain_vs_fp32_percent) : "-", peer,
-                       row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-", reference_cell(row));
-    if (mb) {
-      out.pop_back();
-      out += fmt::format(" {} |\n", row.max_batch && !row.max_batch->error.empty() ? "failed: " + row.max_batch->error
-                                                                                   : max_batch_cell(row));
+                       row.ratio ? fmt::format("{:.2f}x", *row.ratio) : "-");
+    if (comp) {
+      std::string c = !row.compiled ? "-" : row.compiled->ok ? rate(*row.compiled) : "failed: " + row.compiled->error;
+      out += fmt::format(" {} | {} |", c, row.ratio_compiled ? fmt::format("{:.2f}x", *row.ratio_compiled) : "-");
     }
+    out += fmt::format(" {} |", reference_cell(row));
+    if (mb)
+      out += fmt::format(" {} |", row.max_batch && !row.max_batch->error.empty() ? "failed: " + row.max_batch->error
+                                                                                  : max_batch_cell(row));
+    out += "\n";
   }
   out += fmt::format("\nratio = ampforge / PyTorch samples/s; brief RTX 4080 = {}.\n", kBriefEnvironment);
   return out;
 }
+
+namespace {
+
+// The smallest "round" step (1, 2 or 5 times a power of ten) that splits [0, vmax] into at most `max_ticks` parts.
+double nice_step(double vmax, int max_ticks) {
+  const double raw = vmax / max_ticks;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+std::string tick_label(double v) { return v >= 100 || v == std::floor(v) ? fmt::format("{:.0f}", v) : fmt::format("{:g}", v); }
+
+}  // namespace
 
 std::string bench_svg(const BenchReport& r) {
   struct Bar {
     std::string label, who;
     double value;
   };
-  // Models in order of first appearance; within a model, the rows as measured.
+  static const std::pair<const char*, const char*> kWho[] = {
+      {"ampforge", "#3b6fb6"}, {"PyTorch", "#e08a2c"}, {"PyTorch compiled", "#5a9e4b"}};
+  // Models in order of first appearance; within a model, the rows as measured: ampforge, then the peer beside it.
   std::vector<std::string> models;
   for (const BenchRow& row : r.rows)
     if (std::find(models.begin(), models.end(), row.model) == models.end()) models.push_back(row.model);
   std::vector<std::vector<Bar>> groups;
   double vmax = 0;
+  bool has[3] = {false, false, false};
   for (const std::string& m : models) {
     std::vector<Bar> g;
     for (const BenchRow& row : r.rows) {
       if (row.model != m) continue;
-      if (row.ours.ok) g.push_back({row.precision, "ampforge", row.ours.samples_per_sec});
-      if (row.peer && row.peer->ok) g.push_back({row.precision, "PyTorch", row.peer->samples_per_sec});
+      if (row.ours.ok) g.push_back({row.precision, kWho[0].first, row.ours.samples_per_sec}), has[0] = true;
+      if (row.peer && row.peer->ok) g.push_back({row.precision, kWho[1].first, row.peer->samples_per_sec}), has[1] = true;
+      if (row.compiled && row.compiled->ok)
+        g.push_back({row.precision, kWho[2].first, row.compiled->samples_per_sec}), has[2] = true;
     }
     for (const Bar& b : g) vmax = std::max(vmax, b.value);
     groups.push_back(std::move(g));
   }
-  const double bar_w = 26, gap = 34, left = 60, top = 50, plot_h = 260, bottom = 70;
+  if (vmax <= 0) vmax = 1;
+  const double step = nice_step(vmax, 5);
+  const double axis_max = std::ceil(vmax / step) * step;
+  const double bar_w = 30, gap = 34, left = 64, top = 64, plot_h = 260, bottom = 74;
   double width = left + 20;
   for (const auto& g : groups) width += static_cast<double>(g.size()) * bar_w + gap;
-  width = std::max(width, 420.0);
+  const std::string title = "Training samples/s on " + r.device + (r.device_name.empty() ? "" : " (" + r.device_name + ")");
+  // Wide enough for the title (about 7.5 px a character at 14 px) and the legend.
+  width = std::max({width, 120.0 + 7.5 * static_cast<double>(title.size()), 520.0});
   const double height = top + plot_h + bottom;
-  if (vmax <= 0) vmax = 1;
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
-      "font-size=\"11\">\n<title>{}</title>\n",
+      "font-size=\"11\">\n<title>{}</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height, xml_escape("ampforge bench on " + r.device + ": samples/s per model and precision"));
-  s += fmt::format("<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{}</text>\n", left,
-                   xml_escape("Training samples/s on " + r.device + (r.device_name.empty() ? "" : " (" + r.device_name + ")") +
-                              " — ampforge (blue) and PyTorch" + (r.peer_torch.empty() ? "" : " " + r.peer_torch) +
-                              " (orange)"));
+  s += fmt::format("<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{}</text>\n", left, xml_escape(title));
+  // Legend: one swatch per side that has a bar.
+  double lx = left;
+  for (int k = 0; k < 3; ++k) {
+    if (!has[k]) continue;
+    std::string name = kWho[k].first;
+    if (k > 0 && !r.peer_torch.empty()) name += " " + r.peer_torch;
+    s += fmt::format("<rect x=\"{:.0f}\" y=\"32\" width=\"12\" height=\"12\" fill=\"{}\"/>"
+                     "<text x=\"{:.0f}\" y=\"42\">{}</text>\n",
+                     lx, kWho[k].second, lx + 16, xml_escape(name));
+    lx += 16 + 6.5 * static_cast<double>(name.size()) + 18;
+  }
+  // Axis with round ticks and light grid lines.
   s += fmt::format("<line x1=\"{0:.0f}\" y1=\"{1:.0f}\" x2=\"{0:.0f}\" y2=\"{2:.0f}\" stroke=\"#333\"/>\n", left, top,
                    top + plot_h);
-  s += fmt::format("<text x=\"4\" y=\"{:.0f}\">{:.0f}</text>\n", top + 4, vmax);
-  s += fmt::format("<text x=\"4\" y=\"{:.0f}\">0</text>\n", top + plot_h);
+  for (double v = 0; v <= axis_max + step / 2; v += step) {
+    const double y = top + plot_h - plot_h * v / axis_max;
+    s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", left, y,
+                     width - 10, y);
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 4, tick_label(v));
+  }
+  s += fmt::format("<text x=\"14\" y=\"{:.0f}\" transform=\"rotate(-90 14 {:.0f})\" text-anchor=\"middle\">samples/s</text>\n",
+                   top + plot_h / 2, top + plot_h / 2);
   double x = left + 10;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const double x0 = x;
     for (const Bar& b : groups[gi]) {
-      const double h = plot_h * b.value / vmax;
+      const double h = plot_h * b.value / axis_max;
+      const char* color = kWho[0].second;
+      for (const auto& [who, c] : kWho)
+        if (b.who == who) color = c;
       s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\">"
                        "<title>{}</title></rect>\n",
-                       x, top + plot_h - h, bar_w - 4, h, b.who == "ampforge" ? "#3b6fb6" : "#e08a2c",
+                       x, top + plot_h - h, bar_w - 4, h, color,
                        xml_escape(fmt::format("{} {} {}: {:.1f} samples/s", models[gi], b.label, b.who, b.value)));
+      // The value on the bar (above it), rotated to fit a narrow bar.
+      const double vx = x + (bar_w - 4) / 2 + 3, vy = top + plot_h - h - 4;
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
+                       vx, vy, vx, vy, b.value >= 100 ? fmt::format("{:.0f}", b.value) : fmt::format("{:.1f}", b.value));
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" transform=\"rotate(-60 {:.1f} {:.1f})\">{}</text>\n",
                        x + 4, top + plot_h + 12, x + 4, top + plot_h + 12, xml_escape(b.label));
       x += bar_w;
     }
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 58,
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 62,
                      xml_escape(models[gi]));
     x += gap;
   }

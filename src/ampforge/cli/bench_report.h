@@ -51,9 +51,13 @@ struct BenchRow {
   std::optional<BenchMaxBatch> max_batch;  // nullopt: not asked (no --max-batch)
   BenchSide ours;
   std::optional<BenchSide> peer;  // nullopt: no peer asked (--peer none)
+  // The peer under torch.compile (inductor) in its eager best memory format; nullopt: not asked (--no-compile, no
+  // peer, or a peer older than PyTorch 2.0).
+  std::optional<BenchSide> compiled;
   // ours / our fp32 row of the same model, as a gain in percent; nullopt without both.
   std::optional<double> gain_vs_fp32_percent;
   std::optional<double> ratio;  // ours / peer samples/s
+  std::optional<double> ratio_compiled;  // ours / compiled peer samples/s
   std::vector<double> round_ratios;  // --rounds N > 1: each round's ratio, in measurement order
 };
 

@@ -79,10 +79,10 @@ Command add_profile_command(CLI::App& app) {
   sub->footer("Example: ampforge profile --trace run.json -- ampforge train --epochs 1 --profile");
   return {sub, [flags] {
             // Before anything starts: a missing program is a usage error (exit 2), not the child's exit 127.
-            AF_CHECK(!flags->command.empty() && !hw::find_in_path(flags->command[0]).empty(),
-                     "profile: '{}' is not a program this machine can run (no executable file of that name{})",
+            AF_CHECK(!flags->command.empty() && !hw::find_in_path(flags->command[0]).empty(), "profile: '{}' is not {}",
                      flags->command.empty() ? "" : flags->command[0],
-                     flags->command.empty() || flags->command[0].find('/') == std::string::npos ? " in PATH" : "");
+                     flags->command.empty() || flags->command[0].find('/') == std::string::npos ? "a program on PATH"
+                                                                                                 : "an executable file");
             const profiler::CudaPresence cuda = profiler::probe_cuda();
             const std::string injection = profiler::cupti_injection_library();
             if (!cuda.present)

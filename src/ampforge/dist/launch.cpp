@@ -220,16 +220,13 @@ std::vector<std::string> mpirun_command(const std::string& mpirun, const LaunchO
 int launch(const LaunchOptions& o) {
   AF_CHECK(o.nproc >= 1 && o.nproc <= 4096, "launch: -n must be in [1, 4096], got {}", o.nproc);
   AF_CHECK(!o.command.empty(), "launch: no command to run (ampforge launch -n N -- ampforge train ...)");
-  // Checked here, before any rank starts: mpirun would report a missing program in a page of its own text and exit
-  // with a code of its own (131-134), which `launch` passes on as if the program had failed.
-  AF_CHECK(!which(o.command[0]).empty(),
-           "launch: '{}' is not a program this machine can run (no executable file of that name{})", o.command[0],
-           o.command[0].find('/') == std::string::npos ? " in PATH" : "");
   AF_CHECK(o.grace_s >= 0, "launch: --grace must be >= 0, got {}", o.grace_s);
   AF_CHECK(o.master_port >= 0 && o.master_port <= 65535, "launch: --master-port must be in [0, 65535], got {}",
            o.master_port);
-  AF_CHECK(!which(o.command[0]).empty() || o.command[0].find('/') != std::string::npos,
-           "launch: '{}' is not a program on PATH", o.command[0]);
+  // Checked here, before any rank starts: mpirun would report a missing program in a page of its own text and exit
+  // with a code of its own (131-134), which `launch` passes on as if the program had failed.
+  AF_CHECK(!which(o.command[0]).empty(), "launch: '{}' is not {}", o.command[0],
+           o.command[0].find('/') == std::string::npos ? "a program on PATH" : "an executable file");
   std::string mpirun;
   if (o.mode != LaunchMode::Spawn) {
     mpirun = find_mpirun();
