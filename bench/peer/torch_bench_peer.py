@@ -138,6 +138,8 @@ def build(name, a, memory_format):
         return classification(small_cnn(size), 1, size, 10, a.batch, a.device, memory_format)
     if name.startswith("resnet") or name.startswith("resnext") or name.startswith("wide_resnet"):
         import torchvision
+        if not hasattr(torchvision.models, name):
+            raise ValueError(f"the peer has no reference model for '{name}' (torchvision has none of that name)")
         size = a.image_size or 224
         return classification(getattr(torchvision.models, name)(), 3, size, 1000, a.batch, a.device, memory_format)
     raise ValueError(f"the peer has no reference model for '{name}'")

@@ -217,6 +217,11 @@ BenchSide peer_cell(const std::string& python, const std::string& model, const s
 BenchSide compiled_peer_cell(const std::string& python, const std::string& model, const std::string& precision,
                              int64_t batch, int64_t size, bool seq, const BenchFlags& f, int warmup, int steps,
                              int threads, const std::optional<BenchSide>& eager, std::string* gpu_name) {
+  if (eager && !eager->ok) {  // what failed eager (no such model, a missing package) fails compiled too
+    BenchSide s;
+    s.error = "not measured: the eager peer failed";
+    return s;
+  }
   std::vector<std::string> argv = peer_argv(python, model, precision, batch, size, seq, f, warmup, steps, threads);
   argv.push_back("--compile");
   if (eager && eager->ok && (eager->memory_format == "nchw" || eager->memory_format == "channels_last")) {

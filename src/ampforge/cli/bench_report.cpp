@@ -322,12 +322,17 @@ std::string bench_svg(const BenchReport& r) {
   if (vmax <= 0) vmax = 1;
   const double step = nice_step(vmax, 5);
   const double axis_max = std::ceil(vmax / step) * step;
-  const double bar_w = 30, gap = 34, left = 64, top = 64, plot_h = 260, bottom = 74;
+  const double bar_w = 30, gap = 34, left = 64, top = 64, plot_h = 260, bottom = 46;
   double width = left + 20;
   for (const auto& g : groups) width += static_cast<double>(g.size()) * bar_w + gap;
   const std::string title = "Training samples/s on " + r.device + (r.device_name.empty() ? "" : " (" + r.device_name + ")");
-  // Wide enough for the title (about 7.5 px a character at 14 px) and the legend.
-  width = std::max({width, 120.0 + 7.5 * static_cast<double>(title.size()), 520.0});
+  // Wide enough for the title (about 7.5 px a character at 14 px) and the legend (6.5 px a character at 11 px).
+  double legend_w = 0;
+  for (int k = 0; k < 3; ++k)
+    if (has[k])
+      legend_w += 34 + 6.5 * static_cast<double>(std::string(kWho[k].first).size() +
+                                                  (k > 0 && !r.peer_torch.empty() ? r.peer_torch.size() + 1 : 0));
+  width = std::max({width, 120.0 + 7.5 * static_cast<double>(title.size()), left + legend_w + 20, 420.0});
   const double height = top + plot_h + bottom;
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
@@ -372,11 +377,11 @@ std::string bench_svg(const BenchReport& r) {
       const double vx = x + (bar_w - 4) / 2 + 3, vy = top + plot_h - h - 4;
       s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" transform=\"rotate(-90 {:.1f} {:.1f})\">{}</text>\n",
                        vx, vy, vx, vy, b.value >= 100 ? fmt::format("{:.0f}", b.value) : fmt::format("{:.1f}", b.value));
-      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" transform=\"rotate(-60 {:.1f} {:.1f})\">{}</text>\n",
-                       x + 4, top + plot_h + 12, x + 4, top + plot_h + 12, xml_escape(b.label));
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"9\" text-anchor=\"middle\">{}</text>\n",
+                       x + (bar_w - 4) / 2, top + plot_h + 14, xml_escape(b.label));
       x += bar_w;
     }
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 62,
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 34,
                      xml_escape(models[gi]));
     x += gap;
   }
