@@ -152,7 +152,9 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   env["FAKE_CUDART_GBPS"] = "60";
   env["FAKE_NVML_PID_OFFSET"] = "1000000";
   auto d = doctor_json(env);
-  EXPECT_EQ(d.exit_code, 0) << d.text;
+  // The bandwidth is a timed spin here, measured on the wall clock: on a loaded machine it can read below the check's
+  // threshold (seen 1 run in 30 beside three busy loops on two cores), and then, and only then, doctor exits 1.
+  EXPECT_EQ(d.exit_code, status(d, "gpu0.pcie_bandwidth") == "FAIL" ? 1 : 0) << d.text;
   for (const auto& c : d.report["checks"]) {
     if (c["id"] == "gpu0.pcie_bandwidth") continue;  // a timed spin here: its percentage depends on this machine
     EXPECT_TRUE(c["status"] == "PASS" || c["status"] == "SKIP") << c.dump();
@@ -188,6 +190,10 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   EXPECT_EQ(status(idle, "driver.cuda_devices"), "absent");  // nothing to ask
   env.erase("FAKE_CUDART_DEVICES");
 
+  // The rest judges the driver and the link, not the bandwidth: copies return at once again (FAKE_CUDART_GBPS's timed
+  // spin measures the wall clock, so on a loaded machine it can read below the check's threshold: exit 1, seen 1 in
+  // 30 runs beside three busy loops on two cores).
+  env.erase("FAKE_CUDART_GBPS");
   // A CUDA 13.1 runtime on driver 580 (CUDA 13.0): minor-version compatibility, a warning, not a failure.
   env["FAKE_CUDART_VERSION"] = "13010";
   auto newer = doctor_json(env);
@@ -202,7 +208,7 @@ TEST(Doctor, H200AloneInAVirtualMachinePasses) {
   auto vport = doctor_json(env);
   EXPECT_EQ(status(vport, "gpu0.pcie_slot"), "SKIP") << message(vport, "gpu0.pcie_slot");
   EXPECT_EQ(status(vport, "gpu0.pcie_link"), "PASS") << message(vport, "gpu0.pcie_link");
-  EXPECT_EQ(vport.exit_code, 0);
+  EXPECT_EQ(vport.exit_code, 0) << vport.text;
 }
 
 // NVML answers from the kernel module, so every per-GPU check can pass on a machine where training cannot start:
