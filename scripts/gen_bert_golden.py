@@ -43,10 +43,11 @@ Recorded, in F32, under torch.autocast("cpu", torch.bfloat16) ("bf16") and torch
   bert_tiny.<prec>.grad_index / grad_sample   (P, 32) positions (as gen_resnet_golden.py) and values
   bert_tiny.weight_sum, input_ids, attention_mask, labels
 
-Also kept for the bench peers (bench/peer/torch_bert_peer.py, torch_bench_peer.py import this file): Config(...)
-and BertForMaskedLM(config), now transformers' model behind the two calls they make (model.bert(ids, mask) ->
-the last hidden state, model.cls.predictions(rows)); they need an interpreter with transformers
-(AMPFORGE_PEER_PYTHON=.venv-peer/bin/python).
+Also kept for bench/peer/torch_bert_peer.py (bench/bert_bench.cpp's peer), which imports this file: Config(...)
+and BertForMaskedLM(config), transformers' model behind the two calls it makes (model.bert(ids, mask) -> the last
+hidden state, model.cls.predictions(rows)); it needs an interpreter with transformers
+(AMPFORGE_PEER_PYTHON=.venv-peer/bin/python). `ampforge bench`'s peer (torch_bench_peer.py) builds transformers'
+model itself.
 """
 import copy
 import datetime

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes src/ampforge/data/wordpiece_unicode.inc: the Unicode facts BERT's basic tokenizer needs, from
-Python's unicodedata (the same database as the reference tokenizer in scripts/gen_bert_golden.py).
+Python's unicodedata (the database transformers' Python BertTokenizer uses; scripts/gen_wordpiece_golden.py checks
+the result against tokenizers).
 
 usage: /usr/bin/python3 scripts/gen_unicode_tables.py [OUT]     (default: the path above)
 

@@ -3,8 +3,9 @@
 
     python3 torch_bert_peer.py --threads T --precision fp32|bf16 --config base|mini|tiny --batch 4 --seq 128
                                --steps N --warmup W --head masked|full
-The model is the PyTorch reference of the parity goldens (scripts/gen_bert_golden.py: Hugging Face's
-BertForMaskedLM structure in torch.nn, dropout 0.1, layer_norm in F32 under autocast). The step is the one
+The model is Hugging Face transformers' own BertForMaskedLM (dropout 0.1, its default sdpa attention), built by the
+Config / BertForMaskedLM helpers of scripts/gen_bert_golden.py, the generator of the parity goldens: run it with the
+peer venv's interpreter (.venv-peer/bin/python, `scripts/setup --peer`), offline. The step is the one
 ampforge times: zero_grad, forward under torch.autocast("cpu", bfloat16) for bf16, masked-LM cross-entropy
 (head at the masked positions only with --head masked, gathering the rows before the decoder as NVIDIA's
 recipe does; every position with --head full), backward, AdamW (lr 1e-4). Synthetic token ids with 15% of
