@@ -416,10 +416,16 @@ int run_bench(const BenchFlags& f) {
            "--interleave is for the CPU, whose speed drifts between runs (CUDA steps are timed with CUDA events)");
   AF_CHECK(!f.interleave || f.peer != "none",
            "--interleave interleaves the peer's steps with ours: not with --peer none");
-  std::string peer_python, why;
+  std::string peer_python, why, peer_missing;
   if (f.peer != "none") {
     peer_python = find_peer_python(f.peer, &rep.peer_torch, &why);
-    AF_CHECK(!peer_python.empty() || f.peer == "auto", "--peer {}: cannot import torch ({})", f.peer, why);
+    // An interpreter that cannot be run is a usage error (a typo); one that runs without torch is a peer that
+    // cannot measure: ampforge's cells are still measured, and every peer cell says why and how to get one.
+    AF_CHECK(!peer_python.empty() || f.peer == "auto" || !hw::find_in_path(f.peer).empty(),
+             "--peer {}: cannot run it ({})", f.peer, why);
+    if (peer_python.empty() && f.peer != "auto")
+      peer_missing = fmt::format("torch is not installed in {}: `scripts/setup --peer` installs PyTorch 2.14 into "
+                                 ".venv-peer/ (or name another --peer)", f.peer);
     rep.peer_python = peer_python;
   }
   const bool interleave = f.interleave && !peer_python.empty();
@@ -542,6 +548,9 @@ int run_bench(const BenchFlags& f) {
           row.peer = peer_cell(peer_python, m, p, sz.batch, sz.size, seq, f, rep.warmup, rep.steps, threads,
                                &rep.device_name);
           std::fprintf(stderr, row.peer->ok ? " %.1f samples/s" : " failed", row.peer->samples_per_sec);
+        } else if (!peer_missing.empty()) {
+          row.peer = BenchSide{};
+          row.peer->error = peer_missing;
         }
         rounds.emplace_back(row.ours, row.peer);
       }

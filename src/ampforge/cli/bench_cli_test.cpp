@@ -358,6 +358,26 @@ TEST(BenchCli, HelpAndUsageErrors) {
   }
 }
 
+// A peer interpreter that runs but has no torch (a plain python3): ampforge's cells are still measured, and each
+// peer cell names the interpreter and the command that installs the peer; the exit code is ampforge's (0).
+TEST(BenchCli, PeerWithoutTorchStillMeasuresAmpforge) {
+  const fs::path py = tmp("python_without_torch");
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n";
+  }
+  ::chmod(py.c_str(), 0755);
+  const CmdResult r = run_ampforge("bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                                   "--json --peer " + py.string(), false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 1u);
+  EXPECT_GT(j["rows"][0]["ampforge"]["samples_per_sec"].get<double>(), 0);
+  const std::string err = j["rows"][0]["peer"]["error"].get<std::string>();
+  EXPECT_NE(err.find("torch is not installed in " + py.string()), std::string::npos) << err;
+  EXPECT_NE(err.find("scripts/setup --peer"), std::string::npos) << err;
+}
+
 // --interleave is refused on a GPU (its steps are timed with CUDA events) before the peer is looked for: the error
 // names --interleave, not the interpreter. Without a GPU the device check answers first (skipped).
 TEST(BenchCli, InterleaveIsRefusedOnCudaBeforeThePeerIsLookedFor) {
