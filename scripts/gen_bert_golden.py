@@ -71,7 +71,7 @@ import transformers  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_golden import write_safetensors  # noqa: E402
-from gen_resnet_golden import U64, hashed, init_rule, sample_index, splitmix64  # noqa: E402
+from gen_resnet_golden import U64, grad_record, hashed, init_rule, splitmix64  # noqa: E402
 
 BATCH, SEQ, PAD_TAIL = 2, 16, 5
 MASKED = [(0, 3), (0, 7), (0, 12), (1, 2), (1, 8)]
@@ -186,22 +186,7 @@ def run(base_model, keys, prec, attention=ATTENTION):
            "logits_rows": torch.stack([torch.logsumexp(rows, 1), rows.max(1).values, rows.sum(1)], 1),
            "loss": loss.detach().double().reshape(())}
     params = list(model.named_parameters())  # tied duplicates are not repeated
-    sums, abs_sums, l2s, maxes, idxs, samples = [], [], [], [], [], []
-    for name, p in params:
-        g = p.grad.detach().double().reshape(-1)
-        sums.append(g.sum().item())
-        abs_sums.append(g.abs().sum().item())
-        l2s.append(g.norm().item())
-        maxes.append(g.abs().max().item())
-        ix = sample_index(keys.index(name) + 1, g.numel())
-        idxs.append(ix)
-        samples.append(g[torch.from_numpy(ix)])
-    res["grad_sum"] = torch.tensor(sums, dtype=torch.float64)
-    res["grad_abs_sum"] = torch.tensor(abs_sums, dtype=torch.float64)
-    res["grad_l2"] = torch.tensor(l2s, dtype=torch.float64)
-    res["grad_absmax"] = torch.tensor(maxes, dtype=torch.float64)
-    res["grad_index"] = torch.from_numpy(np.stack(idxs))
-    res["grad_sample"] = torch.stack(samples)
+    res.update(grad_record(model, keys, "", torch.float64))
     info = {"parameters": [n for n, _ in params], "loss": loss.item(), "logits_dtype": str(scores.dtype)}
     return res, (ids, mask, labels), info
 

@@ -193,10 +193,13 @@ def bn_layers(model):
 
 
 def grad_record(model, sd_names, prefix, sample_dtype):
-    """Per-parameter gradient summaries and samples (the layout documented above), keys prefixed."""
+    """Per-parameter gradient summaries and samples (the layout documented above), keys prefixed; parameters without
+    gradients (frozen: YOLOv8's DFL bins) are left out. Shared by gen_bert_golden.py and gen_yolo_golden.py."""
     out = {}
     sums, abs_sums, l2s, maxes, idxs, samples = [], [], [], [], [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         g = p.grad.detach().double().reshape(-1)
         sums.append(g.sum().item())
         abs_sums.append(g.abs().sum().item())

@@ -73,11 +73,9 @@ rounded to float32 and the assignment is float32's; the network, its outputs and
 """
 import datetime
 import json
-import math
 import os
 import platform
 import sys
-import types
 from pathlib import Path
 
 os.environ.setdefault("YOLO_OFFLINE", "true")  # never reach the network (settings sync, downloads)
@@ -99,7 +97,7 @@ from ultralytics.utils.tal import TaskAlignedAssigner, make_anchors  # noqa: E40
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_golden import write_safetensors  # noqa: E402
-from gen_resnet_golden import U64, hashed, sample_index, set_hashed_weights, splitmix64  # noqa: E402
+from gen_resnet_golden import U64, grad_record, hashed, set_hashed_weights, splitmix64  # noqa: E402
 
 INPUT_STREAM = 1 << 20
 RAW_SAMPLE_STREAM, DECODED_SAMPLE_STREAM = INPUT_STREAM + 2, INPUT_STREAM + 3
@@ -166,25 +164,8 @@ def run_model(scale, dtype):
     parts = torch.stack([items[k].detach().double() for k in ("box_loss", "cls_loss", "dfl_loss")])
     out = {"raw_train": raw.detach(), "decoded_eval": decoded.detach(),
            "loss": torch.cat([parts, total.detach().double().view(1)])}
-    sums, abs_sums, l2s, maxes, idxs, samples, names = [], [], [], [], [], [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        names.append(name)
-        g = p.grad.detach().double().reshape(-1)
-        sums.append(g.sum().item())
-        abs_sums.append(g.abs().sum().item())
-        l2s.append(g.norm().item())
-        maxes.append(g.abs().max().item())
-        ix = sample_index(sd_names.index(name) + 1, g.numel())
-        idxs.append(ix)
-        samples.append(p.grad.detach().reshape(-1)[torch.from_numpy(ix)])
-    out["grad_sum"] = torch.tensor(sums, dtype=torch.float64)
-    out["grad_abs_sum"] = torch.tensor(abs_sums, dtype=torch.float64)
-    out["grad_l2"] = torch.tensor(l2s, dtype=torch.float64)
-    out["grad_absmax"] = torch.tensor(maxes, dtype=torch.float64)
-    out["grad_index"] = torch.from_numpy(np.stack(idxs))
-    out["grad_sample"] = torch.stack(samples)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]  # the frozen DFL bins have no gradient
+    out.update(grad_record(model, sd_names, "", dtype))
     bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     out["running_mean"] = torch.cat([m.running_mean.detach() for m in bns])
     out["running_var"] = torch.cat([m.running_var.detach() for m in bns])

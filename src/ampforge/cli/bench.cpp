@@ -8,6 +8,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,6 +39,7 @@
 #include "ampforge/train/benchmark.h"
 #include "ampforge/train/fit_probe.h"
 #include "ampforge/util/build_info.h"
+#include "ampforge/util/env.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/file.h"
 #include "ampforge/util/signals.h"
@@ -224,7 +226,7 @@ BenchSide compiled_peer_cell(const std::string& python, const std::string& model
   }
   std::vector<std::string> argv = peer_argv(python, model, precision, batch, size, seq, f, warmup, steps, threads);
   argv.push_back("--compile");
-  if (eager && eager->ok && (eager->memory_format == "nchw" || eager->memory_format == "channels_last")) {
+  if (eager && (eager->memory_format == "nchw" || eager->memory_format == "channels_last")) {
     argv.push_back("--memory-format");
     argv.push_back(eager->memory_format);
   }
@@ -421,7 +423,7 @@ int run_bench(const BenchFlags& f) {
     peer_python = find_peer_python(f.peer, &rep.peer_torch, &why);
     // An interpreter that cannot be run is a usage error (a typo); one that runs without torch is a peer that
     // cannot measure: ampforge's cells are still measured, and every peer cell says why and how to get one.
-    AF_CHECK(!peer_python.empty() || f.peer == "auto" || !hw::find_in_path(f.peer).empty(),
+    AF_CHECK(!peer_python.empty() || f.peer == "auto" || !find_program(f.peer).empty(),
              "--peer {}: cannot run it ({})", f.peer, why);
     if (peer_python.empty() && f.peer != "auto")
       peer_missing = fmt::format("torch is not installed in {}: `scripts/setup --peer` installs PyTorch 2.14 into "
@@ -430,8 +432,7 @@ int run_bench(const BenchFlags& f) {
   }
   const bool interleave = f.interleave && !peer_python.empty();
   // The torch.compile column: with a PyTorch 2.x peer unless --no-compile (measured once per cell, after the rounds).
-  const bool compile_peer = !peer_python.empty() && !f.no_compile && !rep.peer_torch.empty() &&
-                            rep.peer_torch[0] >= '2' && rep.peer_torch[0] <= '9';
+  const bool compile_peer = !peer_python.empty() && !f.no_compile && std::atoi(rep.peer_torch.c_str()) >= 2;
   rep.interleaved = interleave;
   rep.sizes_note = full ? (dev.is_cuda() ? "the brief's batch sizes (GPU)" : "the brief's batch sizes (--full)")
                         : "reduced for a CPU (--full for the brief's): ";

@@ -50,8 +50,8 @@ hw::SubprocessResult run(const std::vector<std::string>& args, double limit = kR
 // One subcommand's short, valid invocation: its options (name, value; value "" for a flag) and its positionals (name,
 // values), and whether positionals follow "--" (a command line of its own: profile, launch).
 struct Base {
-  std::vector<std::pair<std::string, std::string>> options;
-  std::vector<std::pair<std::string, std::vector<std::string>>> positionals;
+  std::vector<std::pair<std::string, std::string>> options = {};
+  std::vector<std::pair<std::string, std::vector<std::string>>> positionals = {};
   bool dashdash = false;
 };
 

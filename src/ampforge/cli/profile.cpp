@@ -16,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
-#include "ampforge/hw/subprocess.h"
 #include "ampforge/profiler/activity_file.h"
 #include "ampforge/profiler/chrome_trace.h"
 #include "ampforge/profiler/device.h"
 #include "ampforge/profiler/report.h"
+#include "ampforge/util/env.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/timer.h"
 
@@ -79,10 +79,7 @@ Command add_profile_command(CLI::App& app) {
   sub->footer("Example: ampforge profile --trace run.json -- ampforge train --epochs 1 --profile");
   return {sub, [flags] {
             // Before anything starts: a missing program is a usage error (exit 2), not the child's exit 127.
-            AF_CHECK(!flags->command.empty() && !hw::find_in_path(flags->command[0]).empty(), "profile: '{}' is not {}",
-                     flags->command.empty() ? "" : flags->command[0],
-                     flags->command.empty() || flags->command[0].find('/') == std::string::npos ? "a program on PATH"
-                                                                                                 : "an executable file");
+            check_program(flags->command.front(), "profile");  // `command` is required: never empty
             const profiler::CudaPresence cuda = profiler::probe_cuda();
             const std::string injection = profiler::cupti_injection_library();
             if (!cuda.present)

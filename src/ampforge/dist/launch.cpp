@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/dist/mpi_communicator.h"
+#include "ampforge/util/env.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/signals.h"
 
@@ -53,30 +53,6 @@ void on_child(int) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool executable_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
-
-// The program's path: itself when it names a path (contains '/'), else the first executable file of that name in
-// PATH; "" when there is none.
-std::string which(const std::string& program) {
-  if (program.empty()) return {};
-  if (program.find('/') != std::string::npos) return executable_file(program) ? program : std::string();
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= p.size()) {
-    size_t colon = p.find(':', start);
-    if (colon == std::string::npos) colon = p.size();
-    const std::string dir = p.substr(start, colon - start);
-    const std::string cand = (dir.empty() ? "." : dir) + "/" + program;
-    if (executable_file(cand)) return cand;
-    start = colon + 1;
-  }
-  return {};
 }
 
 // A free TCP port on this host (bound to port 0 and released: rank 0's store binds it moments later).
@@ -206,7 +182,7 @@ bool is_launch_variable(const std::string& e) {
 
 }  // namespace
 
-std::string find_mpirun() { return mpi_built() ? which("mpirun") : std::string(); }
+std::string find_mpirun() { return mpi_built() ? find_program("mpirun") : std::string(); }
 
 std::vector<std::string> mpirun_command(const std::string& mpirun, const LaunchOptions& o) {
   // --oversubscribe: more ranks than cores is fine for CPU ranks sharing a machine (each gets its share of
@@ -225,8 +201,7 @@ int launch(const LaunchOptions& o) {
            o.master_port);
   // Checked here, before any rank starts: mpirun would report a missing program in a page of its own text and exit
   // with a code of its own (131-134), which `launch` passes on as if the program had failed.
-  AF_CHECK(!which(o.command[0]).empty(), "launch: '{}' is not {}", o.command[0],
-           o.command[0].find('/') == std::string::npos ? "a program on PATH" : "an executable file");
+  check_program(o.command[0], "launch");
   std::string mpirun;
   if (o.mode != LaunchMode::Spawn) {
     mpirun = find_mpirun();

@@ -88,7 +88,7 @@ void parse_python_probe_output(const std::string& out, FrameworkInfo& info, Pyth
 
 PythonProbe::PythonProbe(double timeout_s) : timeout_s_(timeout_s) {
   const std::string program = env_get("AMPFORGE_PYTHON").value_or("python3");
-  exe_ = find_in_path(program);
+  exe_ = find_program(program);
   if (exe_.empty()) {
     exe_ = program;
     return;

@@ -28,32 +28,13 @@ constexpr size_t kMaxOutput = 1 << 20;
 double now_s() { return static_cast<double>(now_ns()) * 1e-9; }
 }  // namespace
 
-std::string find_in_path(const std::string& program) {
-  auto executable = [](const std::string& p) {
-    struct stat st {};
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-  };
-  if (program.find('/') != std::string::npos) return executable(program) ? program : std::string();
-  const std::string path = env_get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
-  size_t begin = 0;
-  while (begin <= path.size()) {
-    size_t end = path.find(':', begin);
-    if (end == std::string::npos) end = path.size();
-    const std::string dir = end > begin ? path.substr(begin, end - begin) : std::string(".");
-    const std::string candidate = fmt::format("{}/{}", dir, program);
-    if (executable(candidate)) return candidate;
-    begin = end + 1;
-  }
-  return {};
-}
-
 Subprocess::Subprocess(const std::vector<std::string>& argv, bool merge_stderr, bool interactive) {
   start_s_ = now_s();
   if (argv.empty()) {
     result_.error = "no program given";
     return;
   }
-  const std::string exe = find_in_path(argv[0]);
+  const std::string exe = find_program(argv[0]);
   if (exe.empty()) {
     result_.error = argv[0] + ": not found in PATH";
     return;

@@ -54,7 +54,4 @@ class Subprocess {
 
 SubprocessResult run_subprocess(const std::vector<std::string>& argv, double timeout_s, bool merge_stderr = false);
 
-// The full path of a program found in PATH (or the argument itself if it contains '/' and is executable).
-std::string find_in_path(const std::string& program);
-
 }  // namespace ampforge::hw

@@ -44,6 +44,7 @@
 #include "ampforge/amp/autocast.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/core/safetensors.h"
+#include "ampforge/models/parity_golden_testutil.h"
 #include "ampforge/core/tolerance.h"
 #include "ampforge/models/bert.h"
 #include "ampforge/models/hashed_weights_test_util.h"
@@ -71,24 +72,10 @@ bool verbose() {
   return v && *v && std::string(v) != "0";
 }
 
-struct Golden {
-  SafetensorsFile file;
-  json manifest;
-  std::string error;
-};
+using ampforge::testutil::ParityGolden;
 
-const Golden& golden() {
-  static const Golden g = [] {
-    Golden g;
-    try {
-      g.file = load_safetensors(kDir + "/bert_parity.safetensors");
-      std::ifstream in(kDir + "/bert_parity.json");
-      g.manifest = json::parse(in);
-    } catch (const std::exception& e) {
-      g.error = fmt::format("cannot read the BERT goldens in {}: {} ({})", kDir, e.what(), kRegenerate);
-    }
-    return g;
-  }();
+const ParityGolden& golden() {
+  static const ParityGolden g = ampforge::testutil::load_parity_golden(kDir, "bert_parity", "BERT", kRegenerate);
   return g;
 }
 
@@ -131,7 +118,7 @@ BertConfig tiny_without_dropout() {
 
 // precision: F32 (no autocast), BF16 or F16 (autocast, against transformers under torch.autocast of that type).
 void check(DType precision, bool masked_only) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
   const bool bf16 = precision == DType::BF16, f16 = precision == DType::F16;
@@ -259,7 +246,7 @@ TEST(BertParity, TinyF16) { check(DType::F16, true); }
 // transformers' bert-base state dicts (save_pretrained's keys: the tied decoder weight and bias dropped, in
 // state_dict() order) and parameter counts (its num_parameters()).
 TEST(BertParity, BertBaseKeysShapesAndCounts) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   nn::init::SkipInitGuard skip;
   const BertConfig c = bert_config("bert-base");
@@ -288,7 +275,7 @@ TEST(BertParity, GoldenIsSmall) {
   }
   EXPECT_LT(bytes, size_t{1} << 20);
   // Made by transformers itself (not a re-statement), and its loader found every key.
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   EXPECT_EQ(g.manifest.at("transformers").get<std::string>().substr(0, 2), "5.") << kRegenerate;
   EXPECT_EQ(g.manifest.at("reference").get<std::string>().rfind("transformers.BertForMaskedLM", 0), 0u);

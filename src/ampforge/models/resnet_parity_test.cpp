@@ -34,6 +34,7 @@
 #include "ampforge/amp/autocast.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/core/safetensors.h"
+#include "ampforge/models/parity_golden_testutil.h"
 #include "ampforge/core/tolerance.h"
 #include "ampforge/models/hashed_weights_test_util.h"
 #include "ampforge/models/resnet.h"
@@ -102,27 +103,15 @@ bool verbose() {
   return v && *v && std::string(v) != "0";
 }
 
-struct Golden {
-  SafetensorsFile file;
-  json manifest;
-  std::string error;
-};
+using ampforge::testutil::ParityGolden;
 
 // Loaded once per set (the tests run one after another in one process, or one per process under ctest).
-const Golden& golden(const GoldenSet& set) {
-  static std::map<std::string, Golden> cache;
+const ParityGolden& golden(const GoldenSet& set) {
+  static std::map<std::string, ParityGolden> cache;
   auto it = cache.find(set.stem);
-  if (it != cache.end()) return it->second;
-  Golden& g = cache[set.stem];
-  const std::string base = kDir + "/" + set.stem;
-  try {
-    g.file = load_safetensors(base + ".safetensors");
-    std::ifstream in(base + ".json");
-    g.manifest = json::parse(in);
-  } catch (const std::exception& e) {
-    g.error = fmt::format("cannot read the ResNet goldens {}.*: {} ({})", base, e.what(), kRegenerate);
-  }
-  return g;
+  if (it == cache.end())
+    it = cache.emplace(set.stem, ampforge::testutil::load_parity_golden(kDir, set.stem, "ResNet", kRegenerate)).first;
+  return it->second;
 }
 
 std::vector<double> f64(const Tensor& t) { return ops::to_dtype(t.detach(), DType::F64).tolist<double>(); }
@@ -252,7 +241,7 @@ void check_gradients(const std::string& what, const SafetensorsFile& f, const st
 
 void check_model(const GoldenSet& set, const std::string& name, Prec precision) {
   const bool bf16 = precision == Prec::BF16, f64_run = precision == Prec::F64;
-  const Golden& g = golden(set);
+  const ParityGolden& g = golden(set);
   ASSERT_TRUE(g.error.empty()) << g.error;
   const std::string prec = bf16 ? "bf16" : f64_run ? "f64" : "f32";
   const std::string key = name + "." + prec + ".";
@@ -420,7 +409,7 @@ TEST_P(ResNetParity, ResNet50F64) { check_model(GetParam(), "resnet50", Prec::F6
 // The goldens stay small (no weights are stored) and say which PyTorch and torchvision made them.
 TEST_P(ResNetParity, GoldenIsSmall) {
   const GoldenSet& set = GetParam();
-  const Golden& g = golden(set);
+  const ParityGolden& g = golden(set);
   ASSERT_TRUE(g.error.empty()) << g.error;
   std::vector<std::string> files = {std::string(set.stem) + ".safetensors", std::string(set.stem) + ".json"};
   if (std::string(set.stem) == "resnet_parity") files.emplace_back("torchvision_state_dicts.json");  // 0.14's

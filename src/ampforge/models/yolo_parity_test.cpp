@@ -38,13 +38,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <functional>
 
 #include <nlohmann/json.hpp>
 
 #include "ampforge/autograd/node.h"
 #include "ampforge/core/safetensors.h"
+#include "ampforge/models/parity_golden_testutil.h"
 #include "ampforge/core/tolerance.h"
 #include "ampforge/nn/init.h"
 #include "ampforge/models/hashed_weights_test_util.h"
@@ -67,24 +67,10 @@ constexpr double kGradFactor = 32;
 constexpr double kLossRel = 1e-5;
 constexpr double kMetricTol = 1e-12;
 
-struct Golden {
-  SafetensorsFile file;
-  json manifest;
-  std::string error;
-};
+using ampforge::testutil::ParityGolden;
 
-const Golden& golden() {
-  static const Golden g = [] {
-    Golden g;
-    try {
-      g.file = load_safetensors(kDir + "/yolo_parity.safetensors");
-      std::ifstream in(kDir + "/yolo_parity.json");
-      g.manifest = json::parse(in);
-    } catch (const std::exception& e) {
-      g.error = fmt::format("cannot read the YOLO goldens in {}: {} ({})", kDir, e.what(), kRegenerate);
-    }
-    return g;
-  }();
+const ParityGolden& golden() {
+  static const ParityGolden g = ampforge::testutil::load_parity_golden(kDir, "yolo_parity", "YOLO", kRegenerate);
   return g;
 }
 
@@ -107,7 +93,7 @@ void expect_close(const std::string& what, const std::vector<double>& a, const s
 }
 
 // A model output against the golden: the whole tensor (<key>) or its samples (<key>_index, <key>_sample).
-void expect_output(const std::string& model, const std::string& key, const Tensor& actual, const Golden& g) {
+void expect_output(const std::string& model, const std::string& key, const Tensor& actual, const ParityGolden& g) {
   const std::string name = model + "." + key;
   const std::vector<double> a = f64(actual);
   if (g.file.contains(name)) {
@@ -155,7 +141,7 @@ std::vector<nn::BatchNorm2d*> batch_norms(nn::Module& m) {
 }
 
 void check_model(char scale) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
   const std::string name = std::string("yolov8") + scale;
@@ -248,7 +234,7 @@ std::vector<tasks::Detection> nms_of(const Tensor& pred, int64_t b, const tasks:
 }  // namespace
 
 TEST(YoloParity, StateDictNamesShapesStridesAndCounts) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   nn::init::SkipInitGuard skip;
   for (char scale : {'n', 's'}) {
@@ -275,7 +261,7 @@ TEST(YoloParity, Yolov8nForwardLossAndGradientsMatchUltralytics) { check_model('
 TEST(YoloParity, Yolov8sForwardLossAndGradientsMatchUltralytics) { check_model('s'); }
 
 TEST(YoloParity, AssignerTargetsMatchUltralytics) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
   const tasks::Assignment a =
@@ -295,7 +281,7 @@ TEST(YoloParity, AssignerTargetsMatchUltralytics) {
 }
 
 TEST(YoloParity, CiouValuesAndGradientsMatchUltralytics) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
   Tensor b1 = ops::clone(f.at("ciou.box1"));
@@ -308,7 +294,7 @@ TEST(YoloParity, CiouValuesAndGradientsMatchUltralytics) {
 }
 
 TEST(YoloParity, NmsMatchesUltralytics) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const Tensor pred = ops::contiguous(g.file.at("nms.pred"));
   ASSERT_EQ(pred.dtype(), DType::F32);
@@ -332,7 +318,7 @@ TEST(YoloParity, NmsMatchesUltralytics) {
 }
 
 TEST(YoloParity, ApPerClassAndMapMatchUltralytics) {
-  const Golden& g = golden();
+  const ParityGolden& g = golden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const SafetensorsFile& f = g.file;
   const Tensor pred = ops::contiguous(f.at("nms.pred"));

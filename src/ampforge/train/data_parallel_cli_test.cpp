@@ -194,10 +194,10 @@ double checkpoint_gap(const fs::path& a, const fs::path& b, bool statistics) {
 // convolutions on another correct path (AMPFORGE_CPU_CONV=im2col instead of oneDNN; in a build without oneDNN,
 // other OpenBLAS kernels), which changes only summation orders. Four SGD steps amplify those O(1e-7) differences
 // by an amount that depends on the CPU's kernels (measured gaps of the statistics, element-wise: 3e-6 on a Xeon
-// with AVX-512; 0.02-0.03 on an AVX2-only Zen 4, where batch 8 and batch 16 problems can take different oneDNN
+// with AVX-512; 0.02-0.03 on an AVX2-only Zen 3, where batch 8 and batch 16 problems can take different oneDNN
 // kernels), so the bound is that floor: SyncBatchNorm's gap to the global batch is within 10x the floor, and local
 // BatchNorm's (a different computation: each rank's 8 examples normalised by themselves) is at least 10x beyond it
-// and beyond SyncBatchNorm's. Measured on the Zen 4 (norm-wise): floor 7e-4 statistics, 0.11 parameters; sync-bn
+// and beyond SyncBatchNorm's. Measured on the Zen 3 (norm-wise): floor 7e-4 statistics, 0.11 parameters; sync-bn
 // 5e-4, 0.11; local 0.043, 1.2.
 TEST(DistTrain, SyncBatchNormEqualsOneProcessWithTheGlobalBatch) {
   AF_REQUIRE_MPI();

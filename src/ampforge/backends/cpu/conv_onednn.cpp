@@ -672,8 +672,7 @@ int64_t onednn_benchmarked_problems() { return g_benchmarked.load(std::memory_or
 const OneDnnConvOffer& onednn_conv_offer() {
   static const OneDnnConvOffer offer = [] {
     OneDnnConvOffer o;
-    const std::string d = onednn::describe();  // "oneDNN 2.6.3 (avx2)"
-    if (const size_t l = d.find('('), r = d.rfind(')'); l != std::string::npos && r > l) o.isa = d.substr(l + 1, r - l - 1);
+    o.isa = onednn::isa_name();
     // A forward descriptor of a 3x3 stride-1 convolution with 64 channels on 16x16 (the shape of the Winograd rule);
     // whether oneDNN has a kernel for it that is neither its reference nor a gemm-based one.
     auto offers = [](dn::memory::data_type dt, dn::algorithm alg, tag act) {

@@ -34,7 +34,10 @@ dnnl::stream& thread_stream();
 // returns it.
 int set_threads_for_call(bool parallel = true);
 
-// "oneDNN 2.6.3 (avx512_core_bf16)": the library's version and the strongest ISA it dispatches to here.
+// The strongest ISA oneDNN dispatches to here (the CPU's, capped by ONEDNN_MAX_CPU_ISA): "avx2", "avx512_core_bf16",
+// ...; "?" for one this list does not name.
+std::string isa_name();
+// "oneDNN 2.6.3 (avx512_core_bf16)": the library's version and isa_name().
 std::string describe();
 
 // True when oneDNN may dispatch to AVX512_BF16 (or AMX) on this CPU: BF16 products on the BF16 dot-product
