@@ -1,10 +1,15 @@
 // `ampforge memory`: fragmentation tools.
-//   memory replay TRACE [--policy naive|pytorch|ampforge|all] [--budget BYTES] [--snapshot FILE] [--json]
+//   memory replay TRACE|SNAP.pickle [--policy naive|pytorch|pytorch-expandable|ampforge|all] [--budget BYTES]
+//                 [--device N] [--snapshot FILE] [--svg FILE] [--json]
+//   memory explain SNAP.pickle [--device N] [--json]
 //   memory report SNAPSHOT [-o FILE.svg|FILE.html] [--json]
 //   memory fit --model NAME --budget SIZE [...]          (cli/memory_fit.cpp)
+// replay reads an ampforge memtrace or a PyTorch memory snapshot pickle (told apart by the first bytes).
 // Exit codes: 0 ok; 1 an allocation failed under --budget (the check failed; fit: not even batch 1 fits);
-// 2 bad input (the message names the file and line).
+// 2 bad input (the message names the file and line, or the snapshot entry).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <memory>
@@ -15,17 +20,84 @@
 #include "ampforge/cli/commands.h"
 #include "ampforge/memory/report.h"
 #include "ampforge/memory/stats.h"
+#include "ampforge/memory/torch_report.h"
+#include "ampforge/memory/torch_snapshot.h"
+#include "ampforge/memory/pickle.h"
 #include "ampforge/memory/trace.h"
 #include "ampforge/util/error.h"
+#include "ampforge/util/file.h"
 
 namespace ampforge::cli {
 
 namespace {
 
 struct ReplayArgs {
-  std::string trace, policy = "all", budget, snapshot;
+  std::string trace, policy = "all", budget, snapshot, svg;
+  int device = -1;
   bool json = false;
 };
+
+struct ExplainArgs {
+  std::string snapshot;
+  int device = 0;
+  bool json = false;
+};
+
+// The first bytes of a file, to tell a pickle from a memtrace.
+std::string file_head(const std::string& path) {
+  check_readable_file(path, "memory trace or snapshot");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) AF_THROW(Io, "cannot open '{}': {}", path, std::strerror(errno));
+  char buf[8] = {};
+  in.read(buf, sizeof buf);
+  return std::string(buf, static_cast<size_t>(in.gcount()));
+}
+
+void write_chart(const std::string& path, const std::string& svg) {
+  AF_CHECK(path.size() >= 4 && path.compare(path.size() - 4, 4, ".svg") == 0, "--svg: '{}' must end in .svg", path);
+  write_file_atomically(path, svg, "SVG chart");
+}
+
+int run_replay_torch(const ReplayArgs& a, uint64_t budget) {
+  using namespace memory;
+  AF_CHECK(a.snapshot.empty(), "--snapshot: not available for a PyTorch snapshot (use --svg for a chart)");
+  const TorchSnapshot snap = torch_snapshot_read(a.trace);
+  const TorchReplayInput in = torch_trace_build(snap, a.device < 0 ? 0 : a.device);
+  const std::vector<std::string> policies =
+      a.policy == "all" ? torch_policy_names() : std::vector<std::string>{a.policy};
+  const TorchReplayReport r = torch_replay_report(snap, in, policies, budget, a.svg.empty() ? 0 : 400);
+  if (!a.svg.empty()) write_chart(a.svg, torch_replay_report_svg(r));
+  bool all_fit = true;
+  for (const TorchPolicyRun& run : r.runs) all_fit &= run.fits;
+  if (a.json) {
+    nlohmann::json j = torch_replay_report_json(r);
+    if (!a.svg.empty()) j["chart"] = a.svg;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", torch_replay_report_text(r).c_str());
+    if (!a.svg.empty()) std::printf("\nwrote %s\n", a.svg.c_str());
+  }
+  return all_fit ? 0 : 1;
+}
+
+int run_explain(const ExplainArgs& a) {
+  using namespace memory;
+  AF_CHECK(looks_like_pickle(file_head(a.snapshot)),
+           "'{}' is not a PyTorch memory snapshot (a pickle written by torch.cuda.memory._dump_snapshot); explain reads "
+           "only those",
+           a.snapshot);
+  const TorchSnapshot snap = torch_snapshot_read(a.snapshot);
+  const TorchReplayInput in = torch_trace_build(snap, a.device);
+  const auto e = torch_explain(snap, in);
+  if (a.json) {
+    nlohmann::json j = {{"snapshot", a.snapshot}, {"device", a.device}, {"settings", snap.settings.describe()},
+                        {"ooms", torch_explain_json(e)}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", torch_explain_text(in, e).c_str());
+  }
+  return 0;
+}
 
 struct ReportArgs {
   std::string snapshot, output;
@@ -39,6 +111,11 @@ int run_replay(const ReplayArgs& a) {
     opt.budget = parse_size(a.budget, "--budget");
     AF_CHECK(opt.budget > 0, "--budget: must be more than 0 bytes");
   }
+  if (looks_like_pickle(file_head(a.trace))) return run_replay_torch(a, opt.budget);
+  AF_CHECK(a.device < 0, "--device: only for PyTorch snapshots (an ampforge memtrace records one device)");
+  AF_CHECK(a.policy != "pytorch-expandable",
+           "--policy pytorch-expandable: only for PyTorch snapshots (the pytorch policy with their settings)");
+  opt.series_points = a.svg.empty() ? 0 : 400;
   const Trace trace = trace_read(a.trace);
   std::vector<std::string> policies =
       a.policy == "all" ? std::vector<std::string>{"naive", "pytorch", "ampforge"} : std::vector<std::string>{a.policy};
@@ -54,6 +131,12 @@ int run_replay(const ReplayArgs& a) {
   }
   bool any_failed = false;
   for (const auto& r : results) any_failed |= r.failed;
+  if (!a.svg.empty()) {
+    std::vector<ReplayPanel> panels;
+    for (const auto& r : results) panels.push_back({r.policy, r.series, r.peak_live, r.peak_reserved});
+    write_chart(a.svg, replay_timeline_svg(a.trace + ": live and reserved memory per policy", panels,
+                                           static_cast<int64_t>(opt.budget)));
+  }
   if (a.json) {
     nlohmann::json j = {{"trace", a.trace}, {"events", trace.events.size()}, {"budget", opt.budget}};
     j["results"] = nlohmann::json::array();
@@ -123,15 +206,32 @@ Command add_memory_command(CLI::App& app) {
   sub->require_subcommand(1);
   auto replay_args = std::make_shared<ReplayArgs>();
   auto* replay = sub->add_subcommand(
-      "replay", "Replay a memory trace (ampforge-memtrace v1) under allocator policies on a simulated device and "
-                "compare peak reserved with peak live. Exit 1 when an allocation fails under --budget.");
-  replay->add_option("TRACE", replay_args->trace, "trace file")->required();
-  replay->add_option("--policy", replay_args->policy, "naive, pytorch, ampforge or all (default all)")
-      ->check(CLI::IsMember({"naive", "pytorch", "ampforge", "all"}));
+      "replay", "Replay a memory trace (ampforge-memtrace v1) or a PyTorch memory snapshot "
+                "(torch.cuda.memory._dump_snapshot) under allocator policies on a simulated device: peak live, peak "
+                "reserved, fragmentation at the peak, the smallest budget that runs it; for a snapshot also the "
+                "calibration against the recording and the allocation sites at the peak. Exit 1 when an allocation "
+                "fails under --budget.");
+  replay->add_option("TRACE", replay_args->trace, "memtrace file or snapshot pickle (told apart by content)")->required();
+  replay->add_option("--policy", replay_args->policy,
+                     "naive, pytorch, pytorch-expandable (snapshots only), ampforge or all (default all). For a "
+                     "snapshot, pytorch uses its recorded allocator settings")
+      ->check(CLI::IsMember({"naive", "pytorch", "pytorch-expandable", "ampforge", "all"}));
   replay->add_option("--budget", replay_args->budget, "device memory, e.g. 16GiB or 512MiB (default: unlimited)");
+  replay->add_option("--device", replay_args->device, "the snapshot's device to replay (default 0)")
+      ->check(CLI::Range(0, 1 << 20));
+  replay->add_option("--svg", replay_args->svg, "write a timeline of live and reserved memory per policy (.svg)");
   replay->add_option("--snapshot", replay_args->snapshot,
                      "write the allocator's snapshot at the end of the replay (ampforge policy when --policy all)");
   replay->add_flag("--json", replay_args->json, "print JSON");
+
+  auto explain_args = std::make_shared<ExplainArgs>();
+  auto* explain = sub->add_subcommand(
+      "explain", "For each out-of-memory error a PyTorch memory snapshot recorded: the request, what PyTorch's cache "
+                 "held free, the largest free block and why it could not serve (split rule, size class, stream), what "
+                 "CUDA reported free, and the allocator setting that would have avoided it, checked by replaying");
+  explain->add_option("SNAPSHOT", explain_args->snapshot, "snapshot pickle (torch.cuda.memory._dump_snapshot)")->required();
+  explain->add_option("--device", explain_args->device, "the snapshot's device (default 0)")->check(CLI::Range(0, 1 << 20));
+  explain->add_flag("--json", explain_args->json, "print JSON");
 
   auto report_args = std::make_shared<ReportArgs>();
   auto* report = sub->add_subcommand("report", "Summarise a memory snapshot and draw its timeline and segment map");
@@ -141,8 +241,9 @@ Command add_memory_command(CLI::App& app) {
 
   Command fit = add_memory_fit_subcommand(*sub);
 
-  return {sub, [replay, report, replay_args, report_args, fit] {
+  return {sub, [replay, report, explain, replay_args, report_args, explain_args, fit] {
             if (replay->parsed()) return run_replay(*replay_args);
+            if (explain->parsed()) return run_explain(*explain_args);
             if (report->parsed()) return run_report(*report_args);
             if (fit.sub->parsed()) return fit.run();
             return 2;

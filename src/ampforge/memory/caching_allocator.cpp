@@ -40,6 +40,16 @@ PolicyConfig PolicyConfig::pytorch() {
   c.name = "pytorch";
   c.expandable_segments = false;
   c.hold_recent = 0;
+  c.torch_rules = true;
+  return c;
+}
+
+PolicyConfig PolicyConfig::pytorch_expandable() {
+  PolicyConfig c = pytorch();
+  c.name = "pytorch-expandable";
+  c.expandable_segments = true;
+  c.move_idle_granules = false;
+  c.large_page = size_t{20} << 20;  // kLargeBuffer; the small pool's pages are 2 MiB, one host granule
   return c;
 }
 
@@ -57,7 +67,9 @@ PolicyConfig PolicyConfig::by_name(const std::string& name) {
   if (name == "ampforge") return ampforge();
   if (name == "pytorch") return pytorch();
   if (name == "naive") return naive();
-  AF_THROW(InvalidArgument, "unknown allocator policy '{}'; expected naive, pytorch or ampforge", name);
+  if (name == "pytorch-expandable") return pytorch_expandable();
+  AF_THROW(InvalidArgument, "unknown allocator policy '{}'; expected naive, pytorch, pytorch-expandable or ampforge",
+           name);
 }
 
 StreamId current_stream() { return t_stream; }
@@ -110,7 +122,20 @@ CachingAllocator::~CachingAllocator() {
 }
 
 size_t CachingAllocator::round(size_t n) const {
-  return n == 0 ? config_.round_bytes : round_up(n, config_.round_bytes);
+  if (n < config_.round_bytes) return config_.round_bytes;
+  // PyTorch's round_size with roundup_power2_divisions (PolicyConfig): the interval of n's power of two,
+  // counted from 1 MiB and clamped to the 16 intervals; `d` equal steps between 2^k and 2^(k+1).
+  int log2n = 63 - __builtin_clzll(static_cast<unsigned long long>(n));
+  const size_t d = config_.roundup_power2_divisions[static_cast<size_t>(std::clamp(log2n - 20, 0, 15))];
+  if (d > 1 && n > config_.round_bytes * d) {
+    if ((n & (n - 1)) == 0) return n;
+    const size_t floor2 = size_t{1} << log2n;
+    const size_t step = floor2 >> (63 - __builtin_clzll(static_cast<unsigned long long>(d)));
+    if (step == 0) return floor2 << 1;
+    const size_t down = n & ~(step - 1);
+    return down == n ? n : down + step;
+  }
+  return round_up(n, config_.round_bytes);
 }
 
 CachingAllocator::Block* CachingAllocator::new_block() {
@@ -234,7 +259,18 @@ CachingAllocator::Block* CachingAllocator::find_free(bool small, StreamId stream
         if (need == 0) break;
       }
     }
-    return best;
+    if (!config_.torch_rules || best == nullptr) return best;
+    // PyTorch's oversize rules look at a block's mapped size; the free end of a range, mostly unmapped address
+    // space, is where PyTorch would map new pages instead, which it may always do.
+    if (unmapped_granules(best, best->size, 1) > 0) return best;
+    b = best;
+  }
+  if (config_.torch_rules) {
+    // get_free_block: no oversize block for a request below max_split_size; an oversize request takes an
+    // oversize block only when less than oversize_slack larger.
+    if (size < config_.max_split_size && b->size >= config_.max_split_size) return nullptr;
+    if (size >= config_.max_split_size && b->size >= size + config_.oversize_slack) return nullptr;
+    return b;
   }
   if (config_.max_split_size != SIZE_MAX) {
     // b is the smallest block that fits. Oversize blocks (never split) serve only oversize requests,
@@ -272,15 +308,18 @@ CachingAllocator::Block* CachingAllocator::new_plain_segment(size_t size, bool s
 }
 
 CachingAllocator::Block* CachingAllocator::new_expandable_range(size_t size, bool small, StreamId stream) {
-  const size_t need = round_up(size, granule_);
-  size_t bytes = std::max(range_bytes_, need);
+  // Pages: the large pool's mapping unit (PolicyConfig::large_page), a whole number of granules.
+  const size_t page = !small && config_.large_page > granule_ ? config_.large_page / granule_ : 1;
+  const size_t unit = page * granule_;
+  const size_t need = round_up(size, unit);
+  size_t bytes = round_up(std::max(range_bytes_, need), unit);
   void* p = nullptr;
   // Reserving can fail when the address space is tight (sanitizers, 32-bit limits): halve down to the need.
   while (true) {
     ++stats_.provider_calls;
     p = provider_.reserve(bytes);
     if (p != nullptr || bytes == need) break;
-    bytes = std::max(need, round_up(bytes / 2, granule_));
+    bytes = std::max(need, round_up(bytes / 2, unit));
   }
   if (p == nullptr) return nullptr;
   auto seg = std::make_unique<Segment>();
@@ -290,6 +329,7 @@ CachingAllocator::Block* CachingAllocator::new_expandable_range(size_t size, boo
   seg->expandable = true;
   seg->stream = stream;
   seg->granules.resize(bytes / granule_);
+  seg->page = page;
   seg->index = segments_.size();
   Block* b = new_block();
   b->addr = seg->base;
@@ -306,6 +346,7 @@ void CachingAllocator::split(Block* b, size_t size) {
   bool do_split;
   if (!config_.cache) do_split = false;
   else if (expandable_ || b->segment->small) do_split = remaining >= config_.round_bytes;
+  else if (config_.torch_rules) do_split = remaining > config_.small_max && size < config_.max_split_size;
   else do_split = remaining > config_.small_max && b->size <= config_.max_split_size;
   if (!do_split) return;
   Block* r = new_block();
@@ -364,7 +405,7 @@ bool CachingAllocator::acquire_granule(Segment& s, size_t index, StreamId stream
   // freed may still touch: that stream is waited for first (quiesce, once per call). Granules of a stream
   // that is being captured into a CUDA graph cannot be waited for and stay where they are.
   size_t pick = SIZE_MAX;
-  if (!idle_.empty()) {
+  if (!idle_.empty() && config_.move_idle_granules) {
     for (size_t k = idle_.size(), n = 0; k-- > 0 && n < 8; ++n)
       if (idle_[k].segment->stream == stream) {
         pick = k;
@@ -756,6 +797,21 @@ int64_t CachingAllocator::largest_free_block_locked() const {
         best = std::max(best, size);
         continue;
       }
+      if (!config_.move_idle_granules) {
+        // Pages stay where they are mapped: the longest mapped stretch of this free range.
+        const size_t g0 = (start - s.base) / granule_, g1 = (end - 1 - s.base) / granule_;
+        uintptr_t run = 0;
+        for (size_t i = g0; i <= g1; ++i) {
+          const uintptr_t lo = std::max(start, granule_addr(s, i)), hi = std::min(end, granule_addr(s, i + 1));
+          if (!s.granules[i].mapped) {
+            run = 0;
+            continue;
+          }
+          run += hi - lo;
+          best = std::max(best, static_cast<size_t>(run));
+        }
+        continue;
+      }
       // What this free range can hold without new physical memory: its bytes inside granules that live
       // neighbours keep mapped (at most the two edge granules), plus as many idle granules as fit.
       const auto [first, last] = granules_of(s, start, size);
@@ -781,6 +837,16 @@ AllocatorStats CachingAllocator::stats() const {
   s.largest_free_block = largest_free_block_locked();
   s.fragmentation = fragmentation_locked();
   return s;
+}
+
+CachingAllocator::Usage CachingAllocator::usage() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {stats_.requested.current, stats_.allocated.current, stats_.reserved.current};
+}
+
+int64_t CachingAllocator::largest_free_block() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return largest_free_block_locked();
 }
 
 void CachingAllocator::reset_peak_stats() {

@@ -38,6 +38,8 @@
 // given back, without giving them back.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -76,12 +78,32 @@ struct PolicyConfig {
   // the provider for memory, and before any figure or snapshot, so reserved memory and reports are as
   // without them. 0 turns it off (the pytorch preset).
   int hold_recent = 16;
+  // PyTorch's exact rules (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp, round_size, should_split,
+  // get_free_block), for replaying PyTorch's own recordings (memory/torch_snapshot.h):
+  //   - roundup_power2_divisions[k] > 1: a request in [2^k MiB, 2^(k+1) MiB) (k = 0 also below 1 MiB, k = 15 also
+  //     above) larger than 512 x divisions is rounded up to the next of `divisions` equal steps between two powers
+  //     of two (a power of two stays as it is); PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions;
+  //   - torch_rules: a plain large block is split only when the request is below max_split_size (ours: when the
+  //     block is not above it); an oversize block (>= max_split_size) serves only requests >= max_split_size that
+  //     are smaller than the block by less than oversize_slack (PyTorch: kLargeBuffer, 20 MiB), ours a 1/8 waste;
+  //     the oversize rules hold under expandable segments too;
+  //   - move_idle_granules = false: PyTorch's expandable segments map pages where they are and keep them mapped
+  //     while free (until the cache is emptied or an allocation fails); ours moves idle granules (rule 5);
+  //   - large_page: the large pool's expandable segments map in pages of this many bytes (PyTorch: 20 MiB; the
+  //     small pool maps 2 MiB pages); 0: one granule.
+  std::array<uint16_t, 16> roundup_power2_divisions{};
+  bool torch_rules = false;
+  size_t oversize_slack = size_t{20} << 20;
+  bool move_idle_granules = true;
+  size_t large_page = 0;
 
   // The three policies of `ampforge memory replay`.
   static PolicyConfig ampforge();  // expandable segments with granule reuse
   static PolicyConfig pytorch();   // PyTorch's documented caching rules, no expandable segments
   static PolicyConfig naive();     // no cache: a provider call per allocation and per free
-  // By name: "ampforge", "pytorch", "naive"; anything else is an InvalidArgument error.
+  // PyTorch with expandable_segments:True: its pages (2 MiB small pool, 20 MiB large pool) mapped in place.
+  static PolicyConfig pytorch_expandable();
+  // By name: "ampforge", "pytorch", "pytorch-expandable", "naive"; anything else is an InvalidArgument error.
   static PolicyConfig by_name(const std::string& name);
 };
 
@@ -137,6 +159,12 @@ class CachingAllocator final : public Allocator {
   void empty_cache();
 
   AllocatorStats stats() const;
+  // The byte counters now, without the figures stats() computes (cheap: for sampling a replay).
+  struct Usage {
+    int64_t requested = 0, allocated = 0, reserved = 0;
+  };
+  Usage usage() const;
+  int64_t largest_free_block() const;
   void reset_peak_stats();
   // Snapshot of segments, blocks, stats and the timeline (see docs/MEMORY.md "Snapshots").
   nlohmann::json snapshot() const;
@@ -198,6 +226,7 @@ class CachingAllocator final : public Allocator {
     std::vector<Granule> granules;  // expandable only
     size_t mapped = 0;              // mapped granules
     size_t index = 0;               // position in segments_
+    size_t page = 1;                // expandable: granules mapped and unmapped together (PolicyConfig::large_page)
   };
   struct IdleRef {
     Segment* segment;
@@ -239,7 +268,9 @@ class CachingAllocator final : public Allocator {
     size_t first, last;
   };
   GranuleSpan granules_of(const Segment& s, uintptr_t addr, size_t bytes) const {
-    return {(addr - s.base) / granule_, (addr + bytes - 1 - s.base) / granule_};
+    const size_t first = (addr - s.base) / granule_, last = (addr + bytes - 1 - s.base) / granule_;
+    if (s.page == 1) return {first, last};
+    return {first / s.page * s.page, std::min(s.granules.size() - 1, (last / s.page + 1) * s.page - 1)};
   }
   // Unmapped granules under the first `size` bytes of b (expandable segments; 0 otherwise), counting
   // stops at `stop`.

@@ -35,6 +35,58 @@ std::string xml_escape(const std::string& s) {
 }
 }  // namespace
 
+std::vector<int64_t> byte_ticks(int64_t max, int target) {
+  if (max < 1) max = 1;
+  int64_t unit = 1;
+  for (int64_t u : {int64_t{1} << 10, int64_t{1} << 20, int64_t{1} << 30, int64_t{1} << 40})
+    if (max >= u) unit = u;
+  // Steps that are whole bytes in the unit below too (0.25 and 0.5 of a binary unit are), so labels stay round.
+  static const double steps[] = {0.25, 0.5, 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500};
+  const double v = static_cast<double>(max) / static_cast<double>(unit);
+  double step = 1000;
+  for (double s : steps)
+    if (v / s <= target && (unit > 1 || s >= 1)) {
+      step = s;
+      break;
+    }
+  const auto sb = static_cast<int64_t>(step * static_cast<double>(unit));
+  std::vector<int64_t> t{0};
+  while (t.back() < max) t.push_back(t.back() + sb);
+  return t;
+}
+
+std::string byte_tick_label(int64_t value) {
+  if (value == 0) return "0";
+  static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int k = 0;
+  while (k < 4 && value >= (int64_t{1} << (10 * (k + 1)))) ++k;
+  std::string s = fmt::format("{:.2f}", static_cast<double>(value) / static_cast<double>(int64_t{1} << (10 * k)));
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s + " " + names[k];
+}
+
+namespace {
+// Round ticks for a count axis (events): 1, 2 or 5 x 10^k, about `target` of them.
+std::vector<int64_t> count_ticks(int64_t max, int target = 6) {
+  if (max < 1) max = 1;
+  int64_t mag = 1;
+  while (mag * 10 <= max / target) mag *= 10;
+  int64_t step = mag;
+  for (int64_t m : {1, 2, 5, 10})
+    if (max / (m * mag) <= target) {
+      step = m * mag;
+      break;
+    }
+  std::vector<int64_t> t{0};
+  while (t.back() < max) t.push_back(t.back() + step);
+  return t;
+}
+
+// Width of a label in the chart's 11 px sans-serif font (generous: digits and capitals are ~6.5 px).
+double text_width(const std::string& s) { return 6.6 * static_cast<double>(s.size()); }
+}  // namespace
+
 namespace {
 // What the renderers read, checked once when a file is read: a snapshot that passes renders without an
 // exception, and no figure is so large that the chart's arithmetic overflows (sizes up to 2^50 bytes).
@@ -178,11 +230,20 @@ std::string snapshot_summary(const nlohmann::json& snap) {
 }
 
 std::string snapshot_svg(const nlohmann::json& snap) {
-  const double W = 1000, left = 80, right = 20, plot_w = W - left - right;
-  const double tl_top = 40, tl_h = 240;
   const auto& segs = snap.at("segments");
   const size_t max_rows = 200;
   const size_t rows = std::min(segs.size(), max_rows);
+  const auto& tl = snap.at("timeline");
+  int64_t ymax = 1;
+  for (const auto& p : tl) ymax = std::max({ymax, i64(p, "peak_reserved"), i64(p, "peak_allocated")});
+  const std::vector<int64_t> ticks = byte_ticks(ymax);
+  auto seg_label = [&](const nlohmann::json& s) { return fmt::format("{} {}", s.value("pool", "?"), format_bytes(i64(s, "extent"))); };
+  // The left margin holds the longest label (segment rows and axis ticks) whole.
+  double label_w = 0;
+  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v)));
+  for (size_t i = 0; i < rows; ++i) label_w = std::max(label_w, text_width(seg_label(segs[i])));
+  const double left = std::max(80.0, label_w + 14), right = 20, W = std::max(1000.0, left + 700), plot_w = W - left - right;
+  const double tl_top = 40, tl_h = 240;
   const double map_top = tl_top + tl_h + 70, row_h = 14;
   const double H = map_top + static_cast<double>(rows) * (row_h + 4) + 40;
   std::ostringstream o;
@@ -194,16 +255,16 @@ std::string snapshot_svg(const nlohmann::json& snap) {
                    xml_escape(fmt::format("ampforge memory: policy '{}' on {}", snap.value("policy", "?"),
                                           snap.value("device", "?"))));
   // ---- timeline ----
-  const auto& tl = snap.at("timeline");
-  int64_t ymax = 1;
-  for (const auto& p : tl) ymax = std::max({ymax, i64(p, "peak_reserved"), i64(p, "peak_allocated")});
+  ymax = ticks.back();
+  for (int64_t v : ticks) {
+    const double y = tl_top + tl_h - tl_h * static_cast<double>(v) / static_cast<double>(ymax);
+    o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>\n", left, y,
+                     left + plot_w, y);
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 4,
+                     xml_escape(byte_tick_label(v)));
+  }
   o << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", left,
                    tl_top, plot_w, tl_h);
-  for (int k = 0; k <= 4; ++k) {
-    const double y = tl_top + tl_h - tl_h * k / 4.0;
-    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4, y + 4,
-                     xml_escape(format_bytes(ymax * k / 4)));
-  }
   if (tl.empty()) {
     o << fmt::format("<text x=\"{}\" y=\"{}\">no timeline (no step boundaries were recorded)</text>\n", left + 10,
                      tl_top + 20);
@@ -240,8 +301,8 @@ std::string snapshot_svg(const nlohmann::json& snap) {
     const auto& s = segs[i];
     const double y = map_top + static_cast<double>(i) * (row_h + 4);
     const int64_t extent = i64(s, "extent");
-    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 4, y + 10,
-                     xml_escape(fmt::format("{} {}", s.value("pool", "?"), format_bytes(extent))));
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 10,
+                     xml_escape(seg_label(s)));
     for (const auto& b : s.at("blocks")) {
       const int64_t off = i64(b, "offset");
       if (off >= extent) continue;
@@ -263,6 +324,84 @@ std::string snapshot_svg(const nlohmann::json& snap) {
   if (segs.size() > rows)
     o << fmt::format("<text x=\"{}\" y=\"{:.1f}\">... {} more segments not drawn</text>\n", left,
                      map_top + static_cast<double>(rows) * (row_h + 4) + 14, segs.size() - rows);
+  o << "</svg>\n";
+  return o.str();
+}
+
+std::string replay_timeline_svg(const std::string& title, const std::vector<ReplayPanel>& panels, int64_t budget) {
+  int64_t ymax = std::max<int64_t>(1, budget), xmax = 1;
+  for (const ReplayPanel& p : panels) {
+    ymax = std::max({ymax, p.peak_live, p.peak_reserved});
+    for (const ReplayPoint& q : p.series) {
+      ymax = std::max({ymax, q.live, q.reserved});
+      xmax = std::max(xmax, q.event);
+    }
+  }
+  const std::vector<int64_t> ticks = byte_ticks(ymax, 4);
+  const std::vector<int64_t> xticks = count_ticks(xmax);
+  ymax = ticks.back();
+  const int64_t xtop = xticks.back();
+  double label_w = 0;
+  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v)));
+  const double left = label_w + 16, right = 24, W = 960, plot_w = W - left - right;
+  const double top = 70, panel_h = 150, gap = 58;
+  const double H = top + static_cast<double>(panels.size()) * (panel_h + gap) + 10;
+  std::ostringstream o;
+  o << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
+                   "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+                   W, H);
+  o << fmt::format("<text x=\"{}\" y=\"22\" font-size=\"14\">{}</text>\n", left, xml_escape(title));
+  // Legend, inside the picture under the title.
+  o << fmt::format("<line x1=\"{0}\" y1=\"40\" x2=\"{1}\" y2=\"40\" stroke=\"#1f5fbf\" stroke-width=\"2\"/>"
+                   "<text x=\"{2}\" y=\"44\">live (requested bytes)</text>\n",
+                   left, left + 24, left + 30);
+  o << fmt::format("<line x1=\"{0}\" y1=\"40\" x2=\"{1}\" y2=\"40\" stroke=\"#e07b00\" stroke-width=\"2\"/>"
+                   "<text x=\"{2}\" y=\"44\">reserved (held by the allocator)</text>\n",
+                   left + 190, left + 214, left + 220);
+  if (budget > 0)
+    o << fmt::format("<line x1=\"{0}\" y1=\"40\" x2=\"{1}\" y2=\"40\" stroke=\"#c0392b\" stroke-dasharray=\"5 3\"/>"
+                     "<text x=\"{2}\" y=\"44\">budget {3}</text>\n",
+                     left + 420, left + 444, left + 450, xml_escape(byte_tick_label(budget)));
+  for (size_t k = 0; k < panels.size(); ++k) {
+    const ReplayPanel& p = panels[k];
+    const double y0 = top + static_cast<double>(k) * (panel_h + gap) + 16;
+    const double ratio = p.peak_live > 0 ? static_cast<double>(p.peak_reserved) / static_cast<double>(p.peak_live) : 0.0;
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"12\" font-weight=\"bold\">{}</text>"
+                     "<text x=\"{}\" y=\"{:.1f}\" font-size=\"12\">peak live {}, peak reserved {} ({:.3f}x)</text>\n",
+                     left, y0 - 6, xml_escape(p.policy), left + text_width(p.policy) + 14, y0 - 6,
+                     xml_escape(format_bytes(p.peak_live)), xml_escape(format_bytes(p.peak_reserved)), ratio);
+    auto Y = [&](int64_t v) { return y0 + panel_h - panel_h * static_cast<double>(v) / static_cast<double>(ymax); };
+    auto X = [&](int64_t e) { return left + plot_w * static_cast<double>(e) / static_cast<double>(xtop); };
+    for (int64_t v : ticks) {
+      o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>"
+                       "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
+                       left, Y(v), left + plot_w, Y(v), left - 6, Y(v) + 4, xml_escape(byte_tick_label(v)));
+    }
+    for (int64_t e : xticks)
+      o << fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>"
+                       "<text x=\"{0:.1f}\" y=\"{3:.1f}\" text-anchor=\"middle\">{4}</text>\n",
+                       X(e), y0 + panel_h, y0 + panel_h + 4, y0 + panel_h + 16, e);
+    o << fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#555\">event</text>\n",
+                     left + plot_w, y0 + panel_h + 30);
+    o << fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", left,
+                     y0, plot_w, panel_h);
+    auto line = [&](bool reserved, const char* color) {
+      o << fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"", color);
+      o << fmt::format("{:.1f},{:.1f} ", X(0), Y(0));
+      int64_t prev = 0;
+      for (const ReplayPoint& q : p.series) {
+        const int64_t v = reserved ? q.reserved : q.live;
+        o << fmt::format("{:.1f},{:.1f} {:.1f},{:.1f} ", X(prev), Y(v), X(q.event), Y(v));
+        prev = q.event;
+      }
+      o << "\"/>\n";
+    };
+    line(true, "#e07b00");
+    line(false, "#1f5fbf");
+    if (budget > 0)
+      o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#c0392b\" stroke-dasharray=\"5 3\"/>\n",
+                       left, Y(budget), left + plot_w, Y(budget));
+  }
   o << "</svg>\n";
   return o.str();
 }

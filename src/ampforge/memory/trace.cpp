@@ -119,10 +119,55 @@ void trace_write_file(const Trace& trace, const std::string& path, const std::st
   write_file_atomically(path, out.str(), "memory trace");
 }
 
+namespace {
+
+// Passes every call to `inner` and notes the memory it hands out and takes back (ReplayOptions::segment_log).
+class LoggingProvider final : public Provider {
+ public:
+  LoggingProvider(Provider& inner, std::vector<std::pair<int64_t, int64_t>>& log) : inner_(inner), log_(log) {}
+  int64_t event = 0;
+
+  const char* name() const override { return inner_.name(); }
+  Device device() const override { return inner_.device(); }
+  size_t granularity() const override { return inner_.granularity(); }
+  size_t capacity() const override { return inner_.capacity(); }
+  void* allocate(size_t bytes) override {
+    void* p = inner_.allocate(bytes);
+    if (p != nullptr) log_.emplace_back(event, static_cast<int64_t>(bytes));
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) noexcept override {
+    log_.emplace_back(event, -static_cast<int64_t>(bytes));
+    inner_.deallocate(ptr, bytes);
+  }
+  bool supports_virtual() const override { return inner_.supports_virtual(); }
+  void* reserve(size_t bytes) override { return inner_.reserve(bytes); }
+  void unreserve(void* base, size_t bytes) noexcept override { inner_.unreserve(base, bytes); }
+  std::optional<uint64_t> create_physical() override { return inner_.create_physical(); }
+  void release_physical(uint64_t handle) noexcept override { inner_.release_physical(handle); }
+  void map(void* addr, uint64_t handle) override {
+    inner_.map(addr, handle);
+    log_.emplace_back(event, static_cast<int64_t>(inner_.granularity()));
+  }
+  void unmap(void* addr) noexcept override {
+    log_.emplace_back(event, -static_cast<int64_t>(inner_.granularity()));
+    inner_.unmap(addr);
+  }
+
+ private:
+  Provider& inner_;
+  std::vector<std::pair<int64_t, int64_t>>& log_;
+};
+
+}  // namespace
+
 ReplayResult trace_replay(const Trace& trace, const PolicyConfig& policy, const ReplayOptions& options) {
   SimulatedProvider device(options.granule);
-  BudgetedProvider budgeted(device, options.budget);
-  Provider& provider = options.budget > 0 ? static_cast<Provider&>(budgeted) : static_cast<Provider&>(device);
+  std::vector<std::pair<int64_t, int64_t>> unused_log;
+  LoggingProvider logging(device, options.segment_log != nullptr ? *options.segment_log : unused_log);
+  Provider& base = options.segment_log != nullptr ? static_cast<Provider&>(logging) : static_cast<Provider&>(device);
+  BudgetedProvider budgeted(base, options.budget);
+  Provider& provider = options.budget > 0 ? static_cast<Provider&>(budgeted) : base;
   CachingAllocator alloc(provider, policy);
   ReplayResult r;
   r.policy = policy.name;
@@ -134,40 +179,79 @@ ReplayResult trace_replay(const Trace& trace, const PolicyConfig& policy, const 
   }
   // Without step lines, sample the timeline about 200 times over the run.
   const int64_t sample_every = std::max<int64_t>(1, allocs / 200);
-  std::unordered_map<uint64_t, void*> live;
+  const int64_t n_events = static_cast<int64_t>(trace.events.size());
+  const int64_t bucket =
+      options.series_points > 0 ? std::max<int64_t>(1, (n_events + options.series_points - 1) / options.series_points) : 0;
+  ReplayPoint pt;
+  std::unordered_map<uint64_t, std::pair<void*, uint64_t>> live;  // id -> (pointer, requested bytes)
   live.reserve(1024);
-  int64_t index = 0;
+  int64_t index = 0, live_bytes = 0, reserved_best = 0;
   for (const TraceEvent& e : trace.events) {
+    if (options.stop_before >= 0 && index >= options.stop_before) break;
     ++index;
+    logging.event = index - 1;
     if (e.kind == TraceEvent::Alloc) {
+      void* p = nullptr;
       try {
-        live[e.id] = alloc.allocate_on(e.bytes, e.stream);
+        p = alloc.allocate_on(e.bytes, e.stream);
       } catch (const Error& err) {
         if (err.kind() != ErrorKind::OutOfMemory) throw;
+        if ((e.flags & TraceEvent::kProbe) != 0) {
+          ++r.probes_failed;
+          r.events = index;
+          continue;
+        }
         r.failed = true;
         r.failed_line = e.line > 0 ? e.line : index;
         r.failed_bytes = e.bytes;
         r.oom_report = err.what();
         break;
       }
+      const CachingAllocator::Usage u = alloc.usage();
+      if (u.reserved > reserved_best) {
+        reserved_best = u.reserved;
+        r.live_at_peak_reserved = u.requested;
+        r.largest_free_at_peak = alloc.largest_free_block();
+      }
+      if ((e.flags & TraceEvent::kProbe) != 0) {
+        ++r.probes_served;
+        alloc.free(p);
+      } else {
+        live[e.id] = {p, e.bytes};
+        live_bytes += static_cast<int64_t>(e.bytes);
+      }
       if (!has_steps && index % sample_every == 0) alloc.step();
+      if (bucket > 0) {
+        pt.live = std::max(pt.live, u.requested);
+        pt.reserved = std::max(pt.reserved, u.reserved);
+      }
     } else if (e.kind == TraceEvent::Free) {
       auto it = live.find(e.id);
       AF_CHECK(it != live.end(), "{}: event {}: free of id {} which is not live (the trace was not validated)",
                trace.source, index, e.id);
-      alloc.free(it->second);
+      alloc.free(it->second.first);
+      live_bytes -= static_cast<int64_t>(it->second.second);
       live.erase(it);
     } else {
       alloc.step();
     }
+    if (bucket > 0 && (index % bucket == 0 || index == n_events)) {
+      const CachingAllocator::Usage u = alloc.usage();
+      pt.event = index;
+      pt.live = std::max(pt.live, live_bytes);
+      pt.reserved = std::max(pt.reserved, u.reserved);
+      r.series.push_back(pt);
+      pt = ReplayPoint{index, live_bytes, u.reserved};
+    }
     r.events = index;
   }
   r.stats = alloc.stats();
+  // Requested bytes: a served probe counts as live for its moment (the reserved memory it took is in the peak too).
   r.peak_live = r.stats.requested.peak;
   r.peak_reserved = r.stats.reserved.peak;
   r.ratio = r.peak_live > 0 ? static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_live) : 0.0;
   if (options.keep_snapshot) r.snapshot = alloc.snapshot();
-  for (auto& kv : live) alloc.free(kv.second);
+  for (auto& kv : live) alloc.free(kv.second.first);
   return r;
 }
 
@@ -182,7 +266,9 @@ nlohmann::json replay_result_to_json(const ReplayResult& r) {
                       {"fragmentation_at_peak", r.stats.fragmentation_at_peak},
                       {"events_replayed", r.events},
                       {"stats", stats_to_json(r.stats)},
-                      {"failed", r.failed}};
+                      {"failed", r.failed},
+                      {"live_at_peak_reserved_bytes", r.live_at_peak_reserved},
+                      {"largest_free_block_at_peak_bytes", r.largest_free_at_peak}};
   if (r.failed) {
     j["failed_line"] = r.failed_line;
     j["failed_bytes"] = r.failed_bytes;

@@ -13,6 +13,7 @@
 #include <istream>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,11 +25,16 @@ namespace ampforge::memory {
 
 struct TraceEvent {
   enum Kind : uint8_t { Alloc, Free, Step };
+  // kProbe (allocations only; never in a memtrace file): a request that failed in the recording (a PyTorch
+  // snapshot's oom entry). Replayed to see whether the policy serves it: an out-of-memory error is counted
+  // (ReplayResult::probes_failed) and the replay goes on; when served, it is freed at once.
+  enum Flags : uint8_t { kProbe = 1 };
   Kind kind = Alloc;
   uint64_t id = 0;
   uint64_t bytes = 0;
   uint64_t stream = 0;
   int64_t line = 0;  // line number in the source (1-based); 0 for generated traces
+  uint8_t flags = 0;
 };
 
 struct Trace {
@@ -48,6 +54,18 @@ struct ReplayOptions {
   uint64_t budget = 0;              // bytes of device memory; 0: unlimited
   size_t granule = kHostGranule;    // mapping granularity of the simulated device
   bool keep_snapshot = false;       // fill ReplayResult::snapshot (state at the end, with the timeline)
+  int64_t stop_before = -1;         // >= 0: stop before this event index (the snapshot is taken there)
+  int series_points = 0;            // > 0: fill ReplayResult::series with about this many points
+  // Non-null: every segment the provider hands out (plain segments; mapped granules of expandable ones), as
+  // (index of the event being replayed, bytes), in order; negative bytes for those given back.
+  std::vector<std::pair<int64_t, int64_t>>* segment_log = nullptr;
+};
+
+// One point of a replay's timeline: the highest live and reserved bytes over events (from, to].
+struct ReplayPoint {
+  int64_t event = 0;
+  int64_t live = 0;
+  int64_t reserved = 0;
 };
 
 struct ReplayResult {
@@ -62,10 +80,17 @@ struct ReplayResult {
   uint64_t failed_bytes = 0;
   std::string oom_report;
   nlohmann::json snapshot;
+  // At the moment reserved first reached its peak: live (requested) bytes and the largest free block.
+  int64_t live_at_peak_reserved = 0;
+  int64_t largest_free_at_peak = 0;
+  int64_t probes_failed = 0;  // kProbe allocations the policy could not serve either
+  int64_t probes_served = 0;
+  std::vector<ReplayPoint> series;
 };
 
 // Replays the trace on a simulated device (no memory is touched) under `policy`. A trace is assumed
-// valid (trace_parse checked it); an out-of-memory error stops the replay and is reported in the result.
+// valid (trace_parse checked it); an out-of-memory error stops the replay and is reported in the result
+// (except for kProbe allocations, which are counted and passed over).
 ReplayResult trace_replay(const Trace& trace, const PolicyConfig& policy, const ReplayOptions& options = {});
 nlohmann::json replay_result_to_json(const ReplayResult& r);
 
