@@ -55,11 +55,13 @@ std::vector<int64_t> byte_ticks(int64_t max, int target) {
   return t;
 }
 
-std::string byte_tick_label(int64_t value) {
+std::string byte_tick_label(int64_t value, int64_t axis_max) {
   if (value == 0) return "0";
   static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  // One unit per axis: the largest that the axis top reaches ("0.5 GiB" beside "1 GiB", not "512 MiB").
+  const int64_t ref = std::max(value, axis_max);
   int k = 0;
-  while (k < 4 && value >= (int64_t{1} << (10 * (k + 1)))) ++k;
+  while (k < 4 && ref >= (int64_t{1} << (10 * (k + 1)))) ++k;
   std::string s = fmt::format("{:.2f}", static_cast<double>(value) / static_cast<double>(int64_t{1} << (10 * k)));
   while (s.back() == '0') s.pop_back();
   if (s.back() == '.') s.pop_back();
@@ -240,7 +242,7 @@ std::string snapshot_svg(const nlohmann::json& snap) {
   auto seg_label = [&](const nlohmann::json& s) { return fmt::format("{} {}", s.value("pool", "?"), format_bytes(i64(s, "extent"))); };
   // The left margin holds the longest label (segment rows and axis ticks) whole.
   double label_w = 0;
-  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v)));
+  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v, ticks.back())));
   for (size_t i = 0; i < rows; ++i) label_w = std::max(label_w, text_width(seg_label(segs[i])));
   const double left = std::max(80.0, label_w + 14), right = 20, W = std::max(1000.0, left + 700), plot_w = W - left - right;
   const double tl_top = 40, tl_h = 240;
@@ -261,7 +263,7 @@ std::string snapshot_svg(const nlohmann::json& snap) {
     o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>\n", left, y,
                      left + plot_w, y);
     o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 4,
-                     xml_escape(byte_tick_label(v)));
+                     xml_escape(byte_tick_label(v, ymax)));
   }
   o << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", left,
                    tl_top, plot_w, tl_h);
@@ -342,7 +344,7 @@ std::string replay_timeline_svg(const std::string& title, const std::vector<Repl
   ymax = ticks.back();
   const int64_t xtop = xticks.back();
   double label_w = 0;
-  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v)));
+  for (int64_t v : ticks) label_w = std::max(label_w, text_width(byte_tick_label(v, ymax)));
   const double left = label_w + 16, right = 24, W = 960, plot_w = W - left - right;
   const double top = 70, panel_h = 150, gap = 58;
   const double H = top + static_cast<double>(panels.size()) * (panel_h + gap) + 10;
@@ -366,16 +368,17 @@ std::string replay_timeline_svg(const std::string& title, const std::vector<Repl
     const ReplayPanel& p = panels[k];
     const double y0 = top + static_cast<double>(k) * (panel_h + gap) + 16;
     const double ratio = p.peak_live > 0 ? static_cast<double>(p.peak_reserved) / static_cast<double>(p.peak_live) : 0.0;
-    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"12\" font-weight=\"bold\">{}</text>"
-                     "<text x=\"{}\" y=\"{:.1f}\" font-size=\"12\">peak live {}, peak reserved {} ({:.3f}x)</text>\n",
-                     left, y0 - 6, xml_escape(p.policy), left + text_width(p.policy) + 14, y0 - 6,
-                     xml_escape(format_bytes(p.peak_live)), xml_escape(format_bytes(p.peak_reserved)), ratio);
+    // One text element: the renderer places the bold name and the figures after it, whatever the font.
+    o << fmt::format("<text x=\"{}\" y=\"{:.1f}\" font-size=\"12\"><tspan font-weight=\"bold\">{}</tspan>"
+                     "<tspan dx=\"10\">peak live {}, peak reserved {} ({:.3f}x)</tspan></text>\n",
+                     left, y0 - 6, xml_escape(p.policy), xml_escape(format_bytes(p.peak_live)),
+                     xml_escape(format_bytes(p.peak_reserved)), ratio);
     auto Y = [&](int64_t v) { return y0 + panel_h - panel_h * static_cast<double>(v) / static_cast<double>(ymax); };
     auto X = [&](int64_t e) { return left + plot_w * static_cast<double>(e) / static_cast<double>(xtop); };
     for (int64_t v : ticks) {
       o << fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#e4e4e4\"/>"
                        "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
-                       left, Y(v), left + plot_w, Y(v), left - 6, Y(v) + 4, xml_escape(byte_tick_label(v)));
+                       left, Y(v), left + plot_w, Y(v), left - 6, Y(v) + 4, xml_escape(byte_tick_label(v, ymax)));
     }
     for (int64_t e : xticks)
       o << fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>"

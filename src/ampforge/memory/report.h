@@ -33,6 +33,7 @@ std::string replay_timeline_svg(const std::string& title, const std::vector<Repl
 // (KiB, MiB, GiB, TiB) that keeps the labels short ("0", "500 MiB", "1 GiB", "1.5 GiB"). Returns the tick values;
 // the last is the axis top (>= max).
 std::vector<int64_t> byte_ticks(int64_t max, int target = 5);
-std::string byte_tick_label(int64_t value);
+// The label of a tick in the unit of the axis (the largest unit `axis_max` reaches).
+std::string byte_tick_label(int64_t value, int64_t axis_max = 0);
 
 }  // namespace ampforge::memory

@@ -164,6 +164,12 @@ TorchReplayReport torch_replay_report(const TorchSnapshot& snap, const TorchRepl
     run.result = trace_replay(in.trace, p, o);
     run.result.policy = name;
     if (budget > 0) run.fits = runs(in.trace, p, static_cast<int64_t>(budget));
+    if (!p.cache) {
+      // No cache, nothing to give back: the replay runs exactly when its peak fits (in whole steps).
+      run.min_budget = (run.result.peak_reserved + kStep - 1) / kStep * kStep;
+      r.runs.push_back(std::move(run));
+      continue;
+    }
     // Smallest budget: reserved never goes below live, and the unlimited run's peak reserved suffices.
     // Invariant: lo * kStep fails (it is below peak live), hi * kStep runs.
     int64_t lo = (run.result.peak_live - 1) / kStep;
@@ -227,10 +233,14 @@ std::string torch_replay_report_text(const TorchReplayReport& r) {
   }
   o += "peak live: the most bytes requested at once; reserved-live and largest free: at the moment reserved reached "
        "its peak; min budget: the least device memory (in 2 MiB steps) the replay runs in\n";
-  o += fmt::format("\ncalibration (pytorch policy, the snapshot's settings):\n  peak reserved  recorded {}  replayed {}{}\n",
+  if (r.recorded_segments == 0 && r.recorded_peak_reserved == 0)
+    o += "\ncalibration: the snapshot records no segment entries and no segments, nothing to compare with\n";
+  else
+    o += fmt::format("\ncalibration (pytorch policy, the snapshot's settings):\n  peak reserved  recorded {}  replayed {}{}\n",
                    b(r.recorded_peak_reserved), b(r.replayed_peak_reserved),
                    r.recorded_peak_reserved == r.replayed_peak_reserved ? "  (equal)" : "  (differ)");
-  o += fmt::format("  segment allocations  recorded {}  replayed {}  {}\n", r.recorded_segments, r.replayed_segments,
+  if (r.recorded_segments > 0 || r.recorded_peak_reserved > 0)
+    o += fmt::format("  segment allocations  recorded {}  replayed {}  {}\n", r.recorded_segments, r.replayed_segments,
                    r.segments_match ? "identical (sizes and the allocation that asked for each)"
                                     : "differ: " + r.first_mismatch);
   if (!r.top_sites.empty()) {

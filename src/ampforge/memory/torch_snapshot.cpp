@@ -22,45 +22,67 @@ namespace {
 // much larger than an oversize request an oversize block may be.
 constexpr size_t kTorchLargeBuffer = size_t{20} << 20;
 
+// Where a value sits, for messages; formatted only when there is an error (a snapshot has ~10^5 entries).
+struct Loc {
+  enum Kind : uint8_t { Text, Device, Entry, Segment, Blocks, Block };
+  Kind kind = Text;
+  const char* text = "";
+  size_t x = 0, y = 0;
+  Loc(const char* t) : text(t) {}  // NOLINT: implicit from a literal
+  Loc(Kind k, size_t a, size_t b = 0) : kind(k), x(a), y(b) {}
+  std::string str() const {
+    switch (kind) {
+      case Text: return text;
+      case Device: return fmt::format("device_traces[{}]", x);
+      case Entry: return fmt::format("device_traces[{}][{}]", x, y);
+      case Segment: return fmt::format("segments[{}]", x);
+      case Blocks: return fmt::format("segments[{}].blocks", x);
+      case Block: return fmt::format("segments[{}].blocks[{}]", x, y);
+    }
+    return text;
+  }
+};
+
 class Reader {
  public:
   Reader(const std::string& source) : source_(source) {}
 
-  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+  [[noreturn]] void fail(const Loc& loc, const std::string& what) const {
+    const std::string where = loc.str();
     AF_THROW(InvalidArgument, "{}: {}{}{}", source_, where, where.empty() ? "" : ": ", what);
   }
-  const PyValue& need(const PyValue& d, const char* key, const std::string& where) const {
+  const PyValue& need(const PyValue& d, const char* key, const Loc& where) const {
     const PyValue* v = d.get(key);
     if (v == nullptr) fail(where, fmt::format("the key '{}' is missing", key));
     return *v;
   }
-  int64_t integer(const PyValue& v, const char* key, const std::string& where) const {
+  int64_t integer(const PyValue& v, const char* key, const Loc& where) const {
     if (v.kind == PyValue::Bool) return v.i;
     if (v.kind != PyValue::Int || v.big) fail(where, fmt::format("'{}' is a {}, expected an integer", key, v.type_name()));
     return v.i;
   }
-  uint64_t address(const PyValue& v, const char* key, const std::string& where) const {
+  uint64_t address(const PyValue& v, const char* key, const Loc& where) const {
     if (v.kind != PyValue::Int) fail(where, fmt::format("'{}' is a {}, expected an integer", key, v.type_name()));
     if (!v.big && v.i < 0) fail(where, fmt::format("'{}' is negative ({})", key, v.i));
     return v.u();
   }
   // Streams are cudaStream_t values stored as int64: keep the bits.
-  uint64_t stream(const PyValue& v, const std::string& where) const {
+  uint64_t stream(const PyValue& v, const Loc& where) const {
     if (v.kind != PyValue::Int) fail(where, fmt::format("'stream' is a {}, expected an integer", v.type_name()));
     return v.u();
   }
-  int64_t size(const PyValue& v, const char* key, const std::string& where) const {
+  int64_t size(const PyValue& v, const char* key, const Loc& where) const {
     const int64_t n = integer(v, key, where);
     if (n < 0) fail(where, fmt::format("'{}' is negative ({})", key, n));
     if (n > kTorchMaxSize)
       fail(where, fmt::format("'{}' is {} bytes, more than any device holds (at most 2^50); a damaged file?", key, n));
     return n;
   }
-  const PyValue& list(const PyValue& v, const std::string& where) const {
+  const PyValue& list(const PyValue& v, const Loc& where) const {
     if (!v.is_list()) fail(where, fmt::format("a {} where a list was expected", v.type_name()));
     return v;
   }
-  const PyValue& dict(const PyValue& v, const std::string& where) const {
+  const PyValue& dict(const PyValue& v, const Loc& where) const {
     if (!v.is_dict()) fail(where, fmt::format("a {} where a dict was expected", v.type_name()));
     return v;
   }
@@ -194,7 +216,7 @@ TorchSnapshot torch_snapshot_parse(std::string_view bytes, const std::string& so
   if (const PyValue* segs = root->get("segments"); segs != nullptr) {
     rd.list(*segs, "segments");
     for (size_t i = 0; i < segs->items.size(); ++i) {
-      const std::string w = fmt::format("segments[{}]", i);
+      const Loc w(Loc::Segment, i);
       const PyValue& sd = rd.dict(*segs->items[i], w);
       TorchSegment s;
       if (const PyValue* d = sd.get("device")) s.device = static_cast<int>(std::clamp<int64_t>(rd.integer(*d, "device", w), -1, 1 << 20));
@@ -203,10 +225,10 @@ TorchSnapshot torch_snapshot_parse(std::string_view bytes, const std::string& so
       if (const PyValue* v = sd.get("stream")) s.stream = rd.stream(*v, w);
       if (const PyValue* v = sd.get("segment_type"); v != nullptr && v->is_str()) s.large = v->s != "small";
       if (const PyValue* v = sd.get("is_expandable"); v != nullptr) s.expandable = v->i != 0 && v->kind != PyValue::None;
-      const PyValue& blocks = rd.list(rd.need(sd, "blocks", w), w + ".blocks");
+      const PyValue& blocks = rd.list(rd.need(sd, "blocks", w), Loc(Loc::Blocks, i));
       uint64_t offset = s.address;
       for (size_t j = 0; j < blocks.items.size(); ++j) {
-        const std::string wb = fmt::format("{}.blocks[{}]", w, j);
+        const Loc wb(Loc::Block, i, j);
         const PyValue& bd = rd.dict(*blocks.items[j], wb);
         TorchBlock b;
         b.size = rd.size(rd.need(bd, "size", wb), "size", wb);
@@ -229,11 +251,11 @@ TorchSnapshot torch_snapshot_parse(std::string_view bytes, const std::string& so
 
   // ---- traces ----
   for (size_t dev = 0; dev < traces->items.size(); ++dev) {
-    const PyValue& tl = rd.list(*traces->items[dev], fmt::format("device_traces[{}]", dev));
+    const PyValue& tl = rd.list(*traces->items[dev], Loc(Loc::Device, dev));
     std::vector<TorchTraceEntry> out;
     out.reserve(tl.items.size());
     for (size_t k = 0; k < tl.items.size(); ++k) {
-      const std::string w = fmt::format("device_traces[{}][{}]", dev, k);
+      const Loc w(Loc::Entry, dev, k);
       const PyValue& e = rd.dict(*tl.items[k], w);
       TorchTraceEntry t;
       const PyValue& act = rd.need(e, "action", w);
