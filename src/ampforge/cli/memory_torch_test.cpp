@@ -81,7 +81,7 @@ TEST(MemoryTorchCli, SvgHasAPanelPerPolicyWithRoundTicks) {
 TEST(MemoryTorchCli, ExplainNamesTheCauseAndAVerifiedFix) {
   const CmdResult r = run_ampforge("memory explain " + snap("oom.pickle"));
   EXPECT_EQ(r.code, 0) << r.out;
-  for (const char* s : {"a request of 400.00 MiB (large pool)", "CUDA reported free     100.00 MiB",
+  for (const char* s : {"a request of 400.00 MiB (large pool) from train.py:61 optimizer_step", "CUDA reported free     100.00 MiB",
                         "free in the cache      450.00 MiB in 2 blocks; largest: 300.00 MiB on its pool and stream",
                         "(fragmentation)", "fails here too (reproduced)",
                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: with it the run's peak reserved is 960.00 MiB: "

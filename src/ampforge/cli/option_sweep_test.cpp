@@ -80,6 +80,7 @@ std::map<std::string, Base> bases() {
       {"monitor", {{{"--count", "1"}, {"--interval", "0.05"}}}},
       {"memory replay", {{{"--policy", "ampforge"}}, {{"TRACE", {memtrace}}}}},
       {"memory report", {{}, {{"SNAPSHOT", {d + "/snap.json"}}}}},
+      {"memory explain", {{}, {{"SNAPSHOT", {std::string(AMPFORGE_TEST_DATA_DIR) + "/torch_snapshots/oom.pickle"}}}}},
       {"memory fit", {{{"--model", "cnn"}, {"--budget", "1GiB"}, {"--device", "meta"}, {"--threads", "1"}}}},
       {"profile", {{}, {{"command", {"true"}}}, true}},
       {"models", {{}, {{"names", {"cnn"}}}}},

@@ -231,8 +231,9 @@ std::string torch_replay_report_text(const TorchReplayReport& r) {
                      x.ratio, b(x.peak_reserved - x.live_at_peak_reserved), b(x.largest_free_at_peak), b(run.min_budget),
                      r.budget > 0 ? std::string("  ") + (run.fits ? "yes" : "no") : "");
   }
-  o += "peak live: the most bytes requested at once; reserved-live and largest free: at the moment reserved reached "
-       "its peak; min budget: the least device memory (in 2 MiB steps) the replay runs in\n";
+  o += "replayed with unlimited memory (a request that ran out of memory in the recording is served where the policy "
+       "can); peak live: the most bytes requested at once; reserved-live and largest free: when reserved reached its "
+       "peak; min budget: the least device memory (in 2 MiB steps) the replay runs in\n";
   if (r.recorded_segments == 0 && r.recorded_peak_reserved == 0)
     o += "\ncalibration: the snapshot records no segment entries and no segments, nothing to compare with\n";
   else
@@ -267,6 +268,7 @@ std::vector<TorchOomExplanation> torch_explain(const TorchSnapshot& snap, const 
   for (const TorchOom& oom : in.ooms) {
     TorchOomExplanation x;
     x.oom = oom;
+    if (oom.site >= 0) x.site = snap.sites[static_cast<size_t>(oom.site)];
     x.capacity = oom.recorded_reserved + static_cast<int64_t>(oom.device_free);
     x.small_pool = oom.size <= kSmallSize;
     x.segment_size = torch_segment_size(oom.size);
@@ -382,6 +384,7 @@ nlohmann::json torch_explain_json(const std::vector<TorchOomExplanation>& e) {
                  {"request_bytes", x.oom.size},
                  {"pool", x.small_pool ? "small" : "large"},
                  {"stream", x.oom.stream},
+                 {"site", x.site},
                  {"cuda_free_bytes", x.oom.device_free},
                  {"recorded_reserved_bytes", x.oom.recorded_reserved},
                  {"capacity_bytes", x.capacity},
@@ -407,8 +410,9 @@ std::string torch_explain_text(const TorchReplayInput& in, const std::vector<Tor
   for (size_t k = 0; k < e.size(); ++k) {
     const TorchOomExplanation& x = e[k];
     const TraceEvent& ev = in.trace.events[static_cast<size_t>(x.oom.event)];
-    o += fmt::format("out of memory {} of {} (trace entry {}, stream {}): a request of {} ({} pool)\n", k + 1, e.size(),
-                     ev.line, ev.stream, b(x.oom.size), x.small_pool ? "small" : "large");
+    o += fmt::format("out of memory {} of {} (trace entry {}, stream {}): a request of {} ({} pool){}\n", k + 1, e.size(),
+                     ev.line, ev.stream, b(x.oom.size), x.small_pool ? "small" : "large",
+                     x.site.empty() ? "" : " from " + x.site);
     o += fmt::format("  CUDA reported free     {}\n", b(static_cast<int64_t>(x.oom.device_free)));
     o += fmt::format("  reserved by PyTorch    {} (recorded; replay {}), so the allocator could have had {}\n",
                      b(x.oom.recorded_reserved), b(x.reserved), b(x.capacity));

@@ -69,6 +69,7 @@ struct TorchFixTry {
 
 struct TorchOomExplanation {
   TorchOom oom;
+  std::string site;           // where the failed request came from ("file:line function"), "" without a stack
   int64_t capacity = 0;       // recorded reserved + device_free: what PyTorch's allocator could have had
   int64_t segment_size = 0;   // what cudaMalloc was asked for (PyTorch's get_allocation_size of the request)
   bool small_pool = false;

@@ -109,7 +109,8 @@ class Reader {
     std::string text = fmt::format("{}:{} {}", pick->get("filename")->s,
                                    line != nullptr && line->is_int() ? line->i : 0,
                                    name != nullptr && name->is_str() ? name->s : std::string("?"));
-    if (text.size() > 300) text = text.substr(0, 297) + "...";
+    // Printed to terminals: control and non-ASCII bytes as \xNN, at most 300 characters.
+    text = excerpt_for_message(text, 300);
     const auto [it, added] = sites_.emplace(text, static_cast<int32_t>(snap.sites.size()));
     if (added) snap.sites.push_back(text);
     return it->second;
