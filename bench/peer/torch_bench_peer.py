@@ -4,7 +4,7 @@
     python3 torch_bench_peer.py --model cnn|resnet50|... --precision fp32|tf32|fp16|bf16 --batch B
                                 [--image-size S] [--seq-len L] --steps N --warmup W [--device cpu|cuda[:N]]
                                 [--threads T] [--optimizer sgd|adamw] [--memory-format nchw|channels_last|both]
-                                [--compile] [--serve]
+                                [--compile] [--serve] [--max-seconds S]
 
 The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
 fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through the CUDA GradScaler for fp16),
@@ -14,7 +14,9 @@ CNN of models/small.cpp written out here) and report their parameter count, so a
 for image models both memory formats are timed and the faster is "best". CUDA steps are timed with CUDA
 events; "fp32" is true FP32 (TF32 off for cuBLAS and cuDNN), "tf32" turns both on. A run that cannot work
 (e.g. PyTorch 1.13's CPU autocast has no float16, a package missing) prints {"error": ...} and exits 0, so the
-caller shows it; a memory format that fails while the other runs is named in "errors".
+caller shows it; a memory format that fails while the other runs is named in "errors". --max-seconds bounds the
+timed steps on the CPU (at least one is timed): a 16-bit step of PyTorch on a CPU without AVX512_BF16 can take tens
+of seconds, where one step is already a measurement with little noise.
 """
 import argparse
 import contextlib
@@ -248,6 +250,8 @@ def run(a, memory_format):
             t, c = timed_cpu_step(step)
             times.append(t)
             cpu.append(c)
+            if a.max_seconds > 0 and sum(times) >= a.max_seconds:
+                break
     out = summary(times, cpu, params, losses, a.batch)
     if cuda:
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(a.device)
@@ -308,6 +312,8 @@ def main():
     p.add_argument("--memory-format", choices=["nchw", "channels_last", "both"], default="both")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile (inductor) the forward and the loss; at least two warm-up steps")
+    p.add_argument("--max-seconds", type=float, default=0,
+                   help="CPU: stop timing once the timed steps took this long (at least one step; 0: all --steps)")
     p.add_argument("--serve", action="store_true",
                    help="CPU: after the warm-up, time one step per memory format for each 'step' line on stdin")
     a = p.parse_args()

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "ampforge/autograd/functions.h"
-#include "ampforge/backends/meta/meta.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/autograd/node.h"
 #include "ampforge/ops/ops.h"
 
@@ -46,11 +46,11 @@ void GradScaler::unscale_(optim::Optimizer& o) {
                                         "last update()");
   AF_CHECK(st.stage != Stage::Stepped, "GradScaler::unscale_() is being called after step()");
   autograd::NoGradGuard ng;
-  // inv_scale in double then rounded, as PyTorch computes scale.double().reciprocal().float(). The CUDA
-  // backend has no F64 arithmetic: there the reciprocal is one correctly rounded F32 division, which is the
+  // inv_scale in double then rounded, as PyTorch computes scale.double().reciprocal().float(). Without F64
+  // arithmetic (the CUDA backend) the reciprocal is one correctly rounded F32 division, which is the
   // same value whenever the scale is a power of two (always, from the default init_scale, growth and
   // backoff factors).
-  Tensor inv = meta::stands_for(scale_.device()) == DeviceType::CPU
+  Tensor inv = runtime::has_capability(scale_.device(), runtime::Capability::F64Arithmetic)
                    ? ops::to_dtype(ops::div(ops::ones({}, DType::F64, scale_.device()), ops::to_dtype(scale_, DType::F64)),
                                    DType::F32)
                    : ops::div(ops::ones({}, DType::F32, scale_.device()), scale_);

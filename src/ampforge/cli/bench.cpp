@@ -22,11 +22,10 @@
 #include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
-#include "ampforge/backends/cuda/cuda.h"
-#include "ampforge/backends/meta/meta.h"
 #include "ampforge/cli/bench_collective.h"
 #include "ampforge/cli/bench_report.h"
 #include "ampforge/cli/commands.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/hw/host_probe.h"
 #include "ampforge/hw/subprocess.h"
@@ -80,6 +79,7 @@ struct BenchFlags {
   bool interleave = false;  // --interleave
   bool no_compile = false;  // --no-compile: no torch.compile column
   double peer_timeout = 1800;
+  double peer_seconds = 20;  // --peer-seconds: CPU, the peer's timed steps stop after this many seconds of them
   CollectiveBenchOptions coll;
 };
 
@@ -159,6 +159,12 @@ std::vector<std::string> peer_argv(const std::string& python, const std::string&
   if (size > 0) {
     argv.push_back(seq ? "--seq-len" : "--image-size");
     argv.push_back(std::to_string(size));
+  }
+  // PyTorch's 16-bit CPU autocast without AVX512_BF16 takes up to minutes per step: one long step is a measurement
+  // with little noise, and the default table stays within minutes. CUDA steps are short and timed as a whole.
+  if (f.device == "cpu" && f.peer_seconds > 0) {
+    argv.push_back("--max-seconds");
+    argv.push_back(fmt::format("{}", f.peer_seconds));
   }
   return argv;
 }
@@ -319,13 +325,12 @@ BenchMaxBatch plan_max_batch(const std::string& model, const std::string& precis
   return out;
 }
 
-// Gives the device's cached (free) memory back (cuda::caching_allocator's empty_cache, after the device's work).
+// Gives the device's cached (free) memory back (its caching allocator's empty_cache, after the device's work).
 // A failed cell may have left the device unusable: that is in its row already, so errors here are not reported.
 void release_device_cache(const Device& dev) {
   try {
-    const int index = static_cast<int>(dev.index);
-    cuda::synchronize(index);
-    if (memory::CachingAllocator* a = cuda::caching_allocator(index)) a->empty_cache();
+    runtime::synchronize(dev);
+    if (memory::CachingAllocator* a = memory::caching_allocator_for(dev)) a->empty_cache();
   } catch (const std::exception&) {
   }
 }
@@ -336,6 +341,8 @@ int run_bench(const BenchFlags& f) {
   AF_CHECK(!(f.channels_last && f.nchw), "--channels-last and --nchw exclude each other");
   AF_CHECK(f.threads >= 0, "--threads must be >= 0");
   AF_CHECK(f.peer_timeout > 0, "--peer-timeout must be > 0");
+  AF_CHECK(f.peer_seconds >= 0 && f.peer_seconds <= 1e6, "--peer-seconds must be between 0 and 1e6, got {}",
+           f.peer_seconds);
   AF_CHECK(f.optimizer == "sgd" || f.optimizer == "adamw", "--optimizer must be sgd or adamw, got '{}'", f.optimizer);
   Device dev;
   try {
@@ -344,9 +351,7 @@ int run_bench(const BenchFlags& f) {
     AF_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got '{}'", f.device);
   }
   AF_CHECK(dev.is_cpu() || dev.is_cuda(), "--device must be cpu, cuda or cuda:N, got '{}'", f.device);
-  if (dev.is_cuda())
-    AF_CHECK(dev.index < cuda::device_count(), "--device {}: no such CUDA device ({})", f.device,
-             cuda::device_count() == 0 ? cuda::unavailable_reason() : fmt::format("{} device(s)", cuda::device_count()));
+  runtime::check_device_exists(dev, "--device " + f.device);
   AF_CHECK(!f.cuda_graphs || dev.is_cuda(), "--cuda-graphs needs --device cuda");
   AF_CHECK(f.max_batch == !f.budget.empty(), "--max-batch and --budget go together (e.g. --max-batch --budget 16GiB)");
   int64_t max_batch_budget = 0;
@@ -371,7 +376,7 @@ int run_bench(const BenchFlags& f) {
   rep.max_batch_budget = max_batch_budget;
   if (max_batch_budget > 0)
     rep.max_batch_planner = fmt::format("meta device standing for {} ({}), {} optimizer", device_type_name(dev.type),
-                                        meta::MetaOptions::stand_for(dev.type).expandable_segments
+                                        runtime::plans_expandable_segments(dev.type)
                                             ? "expandable segments" : "plain segments, cuBLASLt/cuDNN workspace",
                                         f.optimizer);
   rep.channels_last = !f.nchw;
@@ -658,6 +663,10 @@ Command add_bench_command(CLI::App& app) {
                   "python3) | none | PYTHON")
       ->capture_default_str();
   sub->add_option("--peer-timeout", f->peer_timeout, "Seconds one peer cell may take")->capture_default_str();
+  sub->add_option("--peer-seconds", f->peer_seconds,
+                  "CPU: the peer's timed steps (per memory format) stop once they took this many seconds, after at "
+                  "least one (0: always --steps)")
+      ->capture_default_str();
   sub->add_flag("--no-compile", f->no_compile,
                 "No torch.compile column (by default a PyTorch 2.x peer is also measured under torch.compile, inductor, "
                 "in its faster memory format; compiling takes minutes per cell on a CPU)");

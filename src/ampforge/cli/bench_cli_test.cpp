@@ -248,6 +248,46 @@ echo "{\"torch\": \"2.14.1\", \"results\": {\"channels_last\": {\"seconds\": [0.
   fs::remove(md);
 }
 
+// --peer-seconds: on the CPU the peer is told to stop timing after that many seconds of steps (default 20; 0 = all
+// --steps), and a peer cell that timed fewer steps than asked says so under the table.
+TEST(BenchCli, SlowPeerStepsAreCappedAndSaidSo) {
+  const fs::path py = tmp("fake_python_capped"), args = tmp("capped_args");
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\nARGS_FILE=" << args.string() << "\n"
+      << R"SH(if [ "$1" = "-c" ]; then echo 2.14.1-fake; exit 0; fi
+echo "$*" >> "$ARGS_FILE"
+case "$*" in
+  *--max-seconds*) s='[30.0]';;
+  *) s='[30.0, 30.0, 30.0]';;
+esac
+echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median\": 30.0, \"mean\": 30.0, \"samples_per_sec\": 0.25, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}"
+)SH";
+  }
+  ::chmod(py.c_str(), 0755);
+  const std::string base = "bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 3 --threads 1 "
+                           "--no-compile --peer " + py.string();
+  fs::remove(args);
+  const CmdResult d = run_ampforge(base, false);
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(read_text(args).find("--max-seconds 20"), std::string::npos) << read_text(args);
+  EXPECT_NE(d.out.find("cnn fp32 PyTorch: 1 of 3 timed steps (30.0 s each: --peer-seconds stopped it)"),
+            std::string::npos) << d.out;
+  fs::remove(args);
+  const CmdResult five = run_ampforge(base + " --peer-seconds 2.5", false);
+  ASSERT_EQ(five.code, 0) << five.out;
+  EXPECT_NE(read_text(args).find("--max-seconds 2.5"), std::string::npos) << read_text(args);
+  fs::remove(args);
+  const CmdResult all = run_ampforge(base + " --peer-seconds 0", false);
+  ASSERT_EQ(all.code, 0) << all.out;
+  EXPECT_EQ(read_text(args).find("--max-seconds"), std::string::npos) << read_text(args);
+  EXPECT_EQ(all.out.find("of 3 timed steps"), std::string::npos) << all.out;
+  const CmdResult bad = run_ampforge(base + " --peer-seconds -1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--peer-seconds must be between 0 and 1e6"), std::string::npos) << bad.out;
+  fs::remove(args);
+}
+
 // --interleave: the peer runs beside ampforge (--serve), announces it is warmed up, and takes exactly one step per
 // timed step of ours (none in the warm-up); its result object ends the conversation. A peer that dies mid-way is a
 // failed peer cell, not a hang; a peer that refuses the cell before its warm-up (PyTorch 1.13's CPU autocast has no

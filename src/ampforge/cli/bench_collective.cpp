@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/dist/environment.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/error.h"
@@ -45,11 +45,11 @@ int run_collective_bench(const CollectiveBenchOptions& o) {
   if (dev.is_cuda() && o.device == "cuda") dev = Device(DeviceType::CUDA, world.local_rank);
   dist::InitOptions io;
   io.device = dev;
-  if (dev.is_cuda()) io.compute_stream = cuda::compute_stream(dev.index);
+  io.compute_stream = runtime::device_runtime(dev).compute_stream(dev.index);
   const dist::CommunicatorPtr comm = dist::init_process_group(world, io);
   const int n = comm->size();
   auto sync = [&] {
-    if (dev.is_cuda()) cuda::synchronize(dev.index);
+    runtime::synchronize(dev);
   };
   std::vector<Row> rows;
   for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {

@@ -207,10 +207,15 @@ std::string bench_table(const BenchReport& r) {
   bool notes = false;
   for (const BenchRow& row : r.rows) {
     auto note = [&](const char* who, const BenchSide& side) {
-      if (side.ok) return;
+      const bool capped = side.ok && !side.step_seconds.empty() && std::ssize(side.step_seconds) < r.steps;
+      if (side.ok && !capped) return;
       if (!notes) s += "\n";
       notes = true;
-      s += fmt::format("  {} {} {}: {}\n", row.model, row.precision, who, side.error);
+      if (capped)
+        s += fmt::format("  {} {} {}: {} of {} timed steps ({:.1f} s each: --peer-seconds stopped it)\n", row.model,
+                         row.precision, who, side.step_seconds.size(), r.steps, side.median_seconds);
+      else
+        s += fmt::format("  {} {} {}: {}\n", row.model, row.precision, who, side.error);
     };
     note("ampforge", row.ours);
     if (row.peer) note("PyTorch", *row.peer);

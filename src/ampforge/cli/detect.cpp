@@ -13,6 +13,7 @@
 
 #include "ampforge/autograd/node.h"
 #include "ampforge/cli/commands.h"
+#include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/data/image.h"
 #include "ampforge/data/transforms.h"
@@ -29,16 +30,26 @@ namespace {
 namespace fs = std::filesystem;
 
 struct DetectArgs {
-  std::string model = "yolov8n", checkpoint, source, out = "detections.jsonl", data;
-  int64_t image_size = 320;
+  std::string model, checkpoint, source, out = "detections.jsonl", data;  // model "": the checkpoint's, else yolov8n
+  int64_t image_size = 0;                                                 // 0: the checkpoint's, else 320
   double conf = 0.25, iou = 0.7;
 };
 
-int run_detect(const DetectArgs& a) {
+int run_detect(const DetectArgs& given) {
+  DetectArgs a = given;
+  const SafetensorsFile ck = load_safetensors(a.checkpoint);
+  // A training checkpoint records its model and the image size it was trained at (core/checkpoint_format.h).
+  if (const auto record = checkpoint::read_model_record(ck.metadata, a.checkpoint)) {
+    AF_CHECK(a.model.empty() || record->model.empty() || a.model == record->model,
+             "checkpoint '{}' was saved from model '{}', not '{}' (drop --model)", a.checkpoint, record->model, a.model);
+    if (a.model.empty()) a.model = record->model;
+    if (a.image_size == 0 && record->image_size > 0) a.image_size = record->image_size;
+  }
+  if (a.model.empty()) a.model = "yolov8n";
+  if (a.image_size == 0) a.image_size = 320;
   AF_CHECK(a.model.size() == 7 && a.model.rfind("yolov8", 0) == 0, "--model must be yolov8n|s|m|l|x, got '{}'", a.model);
   AF_CHECK(a.image_size >= 32 && a.image_size % 32 == 0, "--image-size must be a positive multiple of 32, got {}",
            a.image_size);
-  const SafetensorsFile ck = load_safetensors(a.checkpoint);
   const std::string bias_key = ck.contains("model.model.22.cv3.0.2.bias") ? "model.model.22.cv3.0.2.bias"
                                                                            : "model.22.cv3.0.2.bias";
   AF_CHECK(ck.contains(bias_key), "{}: not a YOLOv8 checkpoint (no {})", a.checkpoint, bias_key);
@@ -117,13 +128,15 @@ int run_detect(const DetectArgs& a) {
 Command add_detect_command(CLI::App& app) {
   auto args = std::make_shared<DetectArgs>();
   auto* sub = app.add_subcommand("detect", "Run a trained YOLOv8 checkpoint on images (JSON lines of boxes)");
-  sub->add_option("--model", args->model, "yolov8n | yolov8s | yolov8m | yolov8l | yolov8x")->capture_default_str();
+  sub->add_option("--model", args->model,
+                  "yolov8n | yolov8s | yolov8m | yolov8l | yolov8x (default: the checkpoint's, else yolov8n)");
   sub->add_option("--checkpoint", args->checkpoint, "A checkpoint of `ampforge train --save` (or a state dict)")
       ->required();
   sub->add_option("--source", args->source, "An image, or a folder of .png/.jpg/.jpeg images")->required();
   sub->add_option("--out", args->out, "Output (JSON lines)")->capture_default_str();
   sub->add_option("--data", args->data, "The data file, for class names (optional)");
-  sub->add_option("--image-size", args->image_size, "Letterbox size (as in training)")->capture_default_str();
+  sub->add_option("--image-size", args->image_size,
+                  "Letterbox size (default: the size the checkpoint was trained at, else 320)");
   sub->add_option("--conf", args->conf, "Confidence threshold")->capture_default_str();
   sub->add_option("--iou", args->iou, "NMS IoU threshold")->capture_default_str();
   return {sub, [args] {

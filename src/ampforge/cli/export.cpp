@@ -1,4 +1,4 @@
-// `ampforge export --model M (--checkpoint C | --random-init) -o model.onnx [--opset 17] [--fp16]
+// `ampforge export (--checkpoint C [--model M] | --model M --random-init) -o model.onnx [--opset 17] [--fp16]
 //  [--dynamic-batch] [--no-fold-bn] [--image-size N] [--json]`: writes an ONNX file (IR 8, opset 17) that
 // TensorRT (`trtexec --onnx=model.onnx --fp16`), ONNX Runtime and other runtimes read. The graph is traced from
 // one eval forward (export/tracer.h); the file is written atomically (never a partial file).
@@ -83,17 +83,19 @@ int run_export(ExportArgs a) {
 
 // The model-selection flags export and predict share.
 void add_inference_model_flags(CLI::App* sub, onnx_export::InferenceModelOptions& m) {
-  sub->add_option("--model", m.model, "Model (`ampforge models` lists them)")->required();
+  sub->add_option("--model", m.model,
+                  "Model (`ampforge models` lists them; default: the one an `ampforge train` checkpoint records)");
   sub->add_option("--checkpoint", m.checkpoint,
                   "Weights: an `ampforge train --save` checkpoint, or a safetensors state dict (e.g. converted "
                   "torchvision weights)");
   sub->add_flag("--random-init", m.random_init,
                 "Use the untrained random initialisation (runtime tests; without it a missing --checkpoint is an error)");
   sub->add_option("--seed", m.seed, "--random-init: seed of the initialisation")->capture_default_str();
-  sub->add_option("--image-size", m.image_size, "Square input size (default: the model's; ResNets any size)");
-  sub->add_option("--in-channels", m.in_channels, "Input channels (default: the model's)");
-  sub->add_option("--classes", m.num_classes, "Classes (default: the model's)");
-  sub->add_option("--seq-len", m.seq_len, "Sequence length (text models)");
+  sub->add_option("--image-size", m.image_size,
+                  "Square input size (default: the checkpoint's record, else the model's; ResNets any size)");
+  sub->add_option("--in-channels", m.in_channels, "Input channels (default: the checkpoint's record, else the model's)");
+  sub->add_option("--classes", m.num_classes, "Classes (default: the checkpoint's record, else the model's)");
+  sub->add_option("--seq-len", m.seq_len, "Sequence length (text models; default: the checkpoint's record, else 128)");
   sub->add_option("--task", m.task,
                   "Text models' output, as Hugging Face names it: fill-mask (MLM logits, default) or "
                   "feature-extraction (the encoder's last_hidden_state)")

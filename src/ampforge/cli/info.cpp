@@ -5,7 +5,7 @@
 #include "ampforge/backends/cpu/blas_kernels.h"
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/matmul_onednn.h"
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/profiler/device.h"
@@ -38,17 +38,12 @@ Command add_info_command(CLI::App& app) {
                           blas.cpu_best.c_str(),
                           f32_on_onednn ? "F64 products (and every product with AMPFORGE_CPU_MATMUL=blas)"
                                         : "GEMMs, and so convolutions and linear layers,");
-            if (const int devices = cuda::device_count(); devices > 0)
+            const runtime::DeviceRuntime& gpu = runtime::device_runtime(DeviceType::CUDA);
+            if (const int devices = gpu.device_count(); devices > 0)
               std::printf("CUDA devices: %d\n", devices);
             else
-              std::printf("CUDA: not available (%s)\n", cuda::unavailable_reason().c_str());
-            if (cuda::is_built()) {
-              if (const int64_t v = cuda::cudnn_version(); v > 0)  // cuDNN >= 9 encodes major*10000+minor*100+patch
-                std::printf("cuDNN: %lld.%lld.%lld (CUDA conv2d)\n", static_cast<long long>(v / 10000),
-                            static_cast<long long>(v % 10000 / 100), static_cast<long long>(v % 100));
-              else
-                std::printf("cuDNN: not in this build (conv2d has no CUDA kernel)\n");
-            }
+              std::printf("CUDA: not available (%s)\n", gpu.unavailable_reason().c_str());
+            for (const std::string& line : gpu.library_lines()) std::printf("%s\n", line.c_str());
             if (const std::string lib = profiler::cupti_injection_library(); !lib.empty()) {
               std::printf("CUPTI injection library: %s\n", lib.c_str());
             } else if (const auto looked = profiler::cupti_injection_candidates(); !looked.empty()) {

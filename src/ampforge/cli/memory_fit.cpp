@@ -20,10 +20,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/amp/grad_scaler.h"
-#include "ampforge/backends/meta/meta.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/generator.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/memory/budgeted_provider.h"
 #include "ampforge/memory/caching_allocator.h"
 #include "ampforge/memory/fit.h"
@@ -121,7 +121,7 @@ int run_fit(const FitArgs& a) {
       !s.device.is_meta()
           ? std::string("ampforge allocator over a budgeted host provider")
           : fmt::format("meta device standing for {}: the ampforge policy over {}, no data", a.stands_for,
-                        meta::MetaOptions::stand_for(s.stands_for).expandable_segments ? "expandable segments"
+                        runtime::plans_expandable_segments(s.stands_for) ? "expandable segments"
                                                                                       : "plain segments (cudaMalloc)");
   std::fprintf(stderr, "ampforge memory fit: %s, budget %s, %s, %d threads\n", what.c_str(),
                format_bytes(s.budget).c_str(), where.c_str(), get_num_threads());
@@ -181,7 +181,7 @@ int run_fit(const FitArgs& a) {
     j["device"] = a.device;
     if (s.device.is_meta()) {
       j["stands_for"] = a.stands_for;
-      j["expandable_segments"] = meta::MetaOptions::stand_for(s.stands_for).expandable_segments;
+      j["expandable_segments"] = runtime::plans_expandable_segments(s.stands_for);
     }
     j["seconds"] = seconds;
     if (with_recompute)

@@ -1,21 +1,25 @@
 // `ampforge models [NAME...] [--json]`: the models `train --model` and `memory fit --model` accept, with
 // their task, default input, parameter counts (each model is built in its default configuration and its
 // parameters counted) and a one-line description.
-// `ampforge models NAME --load FILE [--json]`: loads a safetensors file (e.g. from
-// scripts/torchvision_to_safetensors.py) into the model's default configuration by name and prints the
+// `ampforge models [NAME] --load FILE [--json]`: loads a safetensors file (e.g. from
+// scripts/torchvision_to_safetensors.py) into the model's default configuration by name, or an `ampforge train`
+// checkpoint into the model as it was trained (NAME optional: the checkpoint records it), and prints the
 // report: loaded, missing, unexpected and mis-shaped keys.
 // JSON schemas ampforge.models/1 and ampforge.models.load/1: docs/ARCHITECTURE.md ("Models").
 // Exit codes: 0 listed / every key loaded; 1 the file does not fit the model (the report says how);
 // 2 usage error, unknown name (the message lists the known ones) or unreadable file.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/models/registry.h"
 #include "ampforge/nn/init.h"
@@ -46,17 +50,39 @@ std::string input_str(const models::ModelOptions& o) {
 }
 
 int run_load(const ModelsArgs& a) {
-  AF_CHECK(a.names.size() == 1, "--load: name exactly one model to load into (got {})", a.names.size());
-  const models::ModelEntry& e = models::model_registry().at(a.names[0]);
+  AF_CHECK(a.names.size() <= 1, "--load: name one model to load into (got {})", a.names.size());
+  const SafetensorsFile file = load_safetensors(a.load);
+  // An `ampforge train` checkpoint records its model and what it was built with (core/checkpoint_format.h): the
+  // name may be left out, and the model is built as trained (classes, channels, image size), from "model.*".
+  const std::optional<checkpoint::ModelRecord> record = checkpoint::read_model_record(file.metadata, a.load);
+  AF_CHECK(!a.names.empty() || (record && !record->model.empty()),
+           "--load {}: name the model to load into (the file is not an ampforge training checkpoint that names it)",
+           a.load);
+  const std::string name = a.names.empty() ? record->model : a.names[0];
+  if (record && !record->model.empty())
+    AF_CHECK(name == record->model, "checkpoint '{}' was saved from model '{}', not '{}'", a.load, record->model,
+             name);
+  const models::ModelEntry& e = models::model_registry().at(name);
+  models::ModelOptions mo = e.defaults;
+  if (record) {
+    if (record->in_channels > 0) mo.in_channels = record->in_channels;
+    if (record->num_classes > 0) mo.num_classes = record->num_classes;
+    if (record->image_size > 0 && e.task != "masked_lm") mo.image_size = record->image_size;
+  }
   nn::ModulePtr model;
   {
     nn::init::SkipInitGuard skip;  // every value that matters comes from the file
-    model = e.build(e.defaults);
+    model = e.build(mo);
+  }
+  nn::NamedTensors state;
+  if (record) {
+    state = checkpoint::model_weights(file.tensors);
+  } else {
+    state = e.reference_state(file.tensors);  // the reference's names (BERT: a Hugging Face file as downloaded)
   }
   nn::LoadOptions lo;
   lo.strict = false;
-  // The reference implementation's names first (BERT: a Hugging Face model.safetensors loads as downloaded).
-  const nn::LoadReport r = nn::load_state_dict(*model, e.reference_state(load_safetensors(a.load).tensors), lo);
+  const nn::LoadReport r = nn::load_state_dict(*model, state, lo);
   if (a.json) {
     nlohmann::json mis = nlohmann::json::array();
     for (const auto& m : r.mismatched_keys)

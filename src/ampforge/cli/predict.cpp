@@ -1,4 +1,4 @@
-// `ampforge predict --model M (--checkpoint C | --random-init) --input X.safetensors --output Y.safetensors
+// `ampforge predict (--checkpoint C [--model M] | --model M --random-init) --input X.safetensors --output Y.safetensors
 //  [--precision fp32|fp16|bf16] [--device cpu|cuda] [--json]`: runs the model in eval mode under no-grad on the
 // input file's tensors (named as the ONNX inputs: "images") and writes the outputs ("output0"). The reference
 // the ONNX export tests compare runtimes with. fp16/bf16: weights and activations in that dtype (as an --fp16
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/safetensors.h"
 #include "ampforge/autograd/node.h"
@@ -37,7 +37,7 @@ int run_predict(const PredictArgs& a) {
   else AF_CHECK(a.precision == "fp32", "--precision must be fp32, fp16 or bf16, got '{}'", a.precision);
   AF_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '{}'", a.device);
   const Device dev = a.device == "cuda" ? Device{DeviceType::CUDA, 0} : kCPU;
-  if (dev.is_cuda()) AF_CHECK(cuda::device_count() > 0, "--device cuda: no CUDA device is available");
+  runtime::check_device_exists(dev, "--device cuda");
   const SafetensorsFile in = load_safetensors(a.input);
   onnx_export::InferenceModel m = onnx_export::load_inference_model(a.model);
   AF_CHECK(!in.tensors.empty(), "'{}' holds no tensors", a.input);

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ampforge/cli/commands.h"
+#include "ampforge/core/checkpoint_format.h"
+#include "ampforge/core/safetensors.h"
 #include "ampforge/models/models.h"
 #include "ampforge/profiler/report.h"
 #include "ampforge/train/recipe.h"
@@ -31,8 +33,11 @@ Command add_train_command(CLI::App& app) {
                "process is one rank (found in the environment, no flag needed): --batch is per rank, gradients are "
                "averaged over the ranks, rank 0 prints, evaluates and writes --save; --device cuda means "
                "cuda:<LOCAL_RANK>. CPU ranks need an MPI launcher; GPU ranks use NCCL.");
-  sub->add_option("--model", c.model, "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ...")
-      ->capture_default_str();
+  CLI::Option* model_flag =
+      sub->add_option("--model", c.model,
+                      "Model (`ampforge models` lists them): cnn, resnet-small, resnet18, resnet50, ... (default: the "
+                      "one a --resume or --weights checkpoint of `ampforge train` records, else cnn)")
+          ->capture_default_str();
   sub->add_option("--dataset", c.dataset,
                   "Data set: fashion-mnist | mnist | image-folder | synthetic | text (masked-LM models) | detection")
       ->capture_default_str();
@@ -166,8 +171,18 @@ Command add_train_command(CLI::App& app) {
   sub->add_flag("--profile", c.profile, "Profile ops, phases and (with a GPU) kernels; print the report at the end");
   sub->add_option("--profile-steps", c.profile_steps, "Profile only global steps A:B (B exclusive), e.g. 10:20");
   sub->add_option("--trace", c.trace, "Write a Chrome trace (Perfetto, chrome://tracing) here; implies --profile");
-  return {sub, [flags] {
+  return {sub, [flags, model_flag] {
             train::TrainConfig cfg = flags->cfg;
+            // A checkpoint records its model (core/checkpoint_format.h): `train --resume C` needs no --model.
+            if (model_flag->count() == 0)
+              for (const std::string& file : {cfg.resume, cfg.weights}) {
+                if (file.empty()) continue;
+                const auto record = checkpoint::read_model_record(load_safetensors(file).metadata, file);
+                if (record && !record->model.empty()) {
+                  cfg.model = record->model;
+                  break;
+                }
+              }
             cfg.precision = dtype_from_string(flags->precision);
             cfg.channels_last = !flags->no_channels_last;
             cfg.progress = !flags->no_progress;

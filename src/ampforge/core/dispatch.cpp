@@ -97,6 +97,7 @@ void dispatch(OpId op, Device device, std::initializer_list<Tensor> inputs, std:
 // Backend registration entry points, defined in backends/. Declared here (not included) because
 // core sits below backends in the dependency order; the linker ties them together.
 void register_cpu_backend();
+void register_cuda_runtime();  // core/runtime.h's CUDA runtime, in every build (no device: it says why)
 bool register_cuda_backend();  // false when the CUDA backend is not built or no device is present
 void register_meta_backend();
 
@@ -104,6 +105,7 @@ void ensure_backends_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_cpu_backend();
+    register_cuda_runtime();
     register_cuda_backend();
     register_meta_backend();
   });

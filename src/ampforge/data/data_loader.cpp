@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/data/transforms.h"
 #include "ampforge/ops/ops.h"
@@ -49,7 +49,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   // Staging buffers: one per batch that can be in flight (prefetched, being built, being consumed), so
   // that a worker rarely waits for a buffer.
   if (opt_.device.is_cuda())
-    uploader_ = std::make_unique<cuda::Uploader>(opt_.device.index, opt_.prefetch + std::max(opt_.workers, 1) + 1);
+    uploader_ = runtime::device_runtime(opt_.device)
+                    .uploader(opt_.device.index, opt_.prefetch + std::max(opt_.workers, 1) + 1);
 }
 
 DataLoader::~DataLoader() { stop_workers(); }

@@ -8,7 +8,7 @@
 // (example_key). The number of workers changes speed, never the data.
 //
 // Device batches (LoaderOptions::device on CUDA): each worker builds the batch on the CPU and queues its
-// upload on the device's copy stream through page-locked staging buffers (cuda::Uploader), so the copy of
+// upload on the device's copy stream through page-locked staging buffers (core/runtime.h's Uploader), so the copy of
 // the next batches overlaps the current step; next() makes the compute stream wait for the copy (on the
 // device, not the host) before handing the batch out.
 #pragma once
@@ -26,7 +26,7 @@
 #include "ampforge/core/tensor.h"
 #include "ampforge/data/dataset.h"
 
-namespace ampforge::cuda {
+namespace ampforge::runtime {
 class Uploader;
 }
 
@@ -106,7 +106,7 @@ class DataLoader {
   std::exception_ptr error_;
   std::vector<std::thread> workers_;
   std::atomic<int64_t> wait_ns_{0};
-  std::unique_ptr<cuda::Uploader> uploader_;  // device batches only
+  std::unique_ptr<runtime::Uploader> uploader_;  // device batches only
 };
 
 }  // namespace ampforge::data

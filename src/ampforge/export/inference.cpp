@@ -2,19 +2,37 @@
 
 #include "ampforge/models/bert.h"
 
+#include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/safetensors.h"
+
+#include <optional>
 #include "ampforge/nn/init.h"
 #include "ampforge/nn/state_dict.h"
 
 namespace ampforge::onnx_export {
 
 namespace {
-constexpr const char* kCheckpointFormat = "ampforge-checkpoint-v1";  // train/checkpoint.h (train sits above export)
-
 bool takes_images(const std::string& task) { return task == "classification" || task == "detection"; }
 }  // namespace
 
-InferenceModel load_inference_model(const InferenceModelOptions& o) {
+InferenceModel load_inference_model(const InferenceModelOptions& given) {
+  InferenceModelOptions o = given;
+  // A training checkpoint records what its model was built with (core/checkpoint_format.h): the model, its input
+  // channels, classes and image size (the sequence length for text models) come from there; flags override.
+  std::optional<SafetensorsFile> file;
+  std::optional<checkpoint::ModelRecord> record;
+  if (!o.checkpoint.empty()) {
+    file = load_safetensors(o.checkpoint);
+    record = checkpoint::read_model_record(file->metadata, o.checkpoint);
+  }
+  if (record) {
+    AF_CHECK(o.model.empty() || record->model.empty() || o.model == record->model,
+             "checkpoint '{}' was saved from model '{}', not '{}' (drop --model, or pass --model {})", o.checkpoint,
+             record->model, o.model, record->model);
+    if (o.model.empty()) o.model = record->model;
+  }
+  AF_CHECK(!o.model.empty(), "--model is required: '{}' is not an ampforge training checkpoint that names its model "
+           "(a plain state dict, e.g. converted torchvision weights)", o.checkpoint);
   InferenceModel m;
   m.entry = &models::model_registry().at(o.model);
   AF_CHECK(!o.checkpoint.empty() || o.random_init,
@@ -27,6 +45,15 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
   if (m.entry->task == "masked_lm")
     AF_CHECK(o.image_size == 0 && o.in_channels == 0, "--image-size and --in-channels apply to image models; '{}' "
              "({}) takes token ids (use --seq-len)", o.model, m.entry->task);
+  m.options = m.entry->defaults;
+  if (record) {  // what training built; the flags below override
+    if (record->in_channels > 0) m.options.in_channels = record->in_channels;
+    if (record->num_classes > 0) m.options.num_classes = record->num_classes;
+    if (record->image_size > 0) {
+      if (m.entry->task == "masked_lm") m.seq_len = record->image_size;
+      else m.options.image_size = record->image_size;
+    }
+  }
   if (o.seq_len > 0) m.seq_len = o.seq_len;
   if (m.entry->task == "masked_lm") {
     m.task = o.task.empty() ? "fill-mask" : o.task;
@@ -37,7 +64,6 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
     AF_CHECK(o.task.empty(), "--task {}: applies to text models; '{}' ({}) has one output", o.task, o.model,
              m.entry->task);
   }
-  m.options = m.entry->defaults;
   if (o.in_channels > 0) m.options.in_channels = o.in_channels;
   if (o.num_classes > 0) m.options.num_classes = o.num_classes;
   if (o.image_size > 0) m.options.image_size = o.image_size;
@@ -49,28 +75,20 @@ InferenceModel load_inference_model(const InferenceModelOptions& o) {
       nn::init::SkipInitGuard skip;  // every value comes from the file
       m.model = m.entry->build(m.options);
     }
-    SafetensorsFile f = load_safetensors(o.checkpoint);
+    SafetensorsFile& f = *file;
     nn::NamedTensors state;
-    auto fmt_it = f.metadata.find("format");
-    if (fmt_it != f.metadata.end() && fmt_it->second == kCheckpointFormat) {
-      const std::string saved = f.metadata.count("model") ? f.metadata.at("model") : "";
-      AF_CHECK(saved == o.model, "checkpoint '{}' was saved from model '{}', not '{}' (pass --model {})", o.checkpoint,
-               saved, o.model, saved);
-      // The weight average when the run kept one (train/ema.h): what its evaluations measured, and what
-      // Ultralytics ships as the model.
-      bool has_ema = false;
-      for (auto& [n, t] : f.tensors) has_ema = has_ema || n.rfind("ema.", 0) == 0;
-      const std::string prefix = has_ema ? "ema." : "model.";
-      for (auto& [n, t] : f.tensors)
-        if (n.rfind(prefix, 0) == 0) state.emplace_back(n.substr(prefix.size()), t);
-      m.weights = has_ema ? "ema" : "model";
+    if (record) {
+      state = checkpoint::model_weights(f.tensors, &m.weights);  // the weight average when the run kept one
     } else {
       state = m.entry->reference_state(f.tensors);  // e.g. a Hugging Face BERT model.safetensors as downloaded
     }
     const nn::LoadReport r = nn::compare_state_dict(*m.model, state);
     AF_CHECK(r.ok(), "checkpoint '{}' does not fit model '{}' ({} input channels, {} classes, image size {}): {}{}",
              o.checkpoint, o.model, m.options.in_channels, m.options.num_classes, m.options.image_size, r.str(),
-             r.mismatched_keys.empty() ? "" : " (a model trained on other data: pass --in-channels/--classes/--image-size)");
+             r.mismatched_keys.empty() ? ""
+             : record && record->num_classes > 0
+                 ? " (the checkpoint records what it was trained with: drop --in-channels/--classes/--image-size)"
+                 : " (a model trained on other data: pass --in-channels/--classes/--image-size)");
     nn::LoadOptions lo;
     nn::load_state_dict(*m.model, state, lo);
     m.loaded_tensors = static_cast<int64_t>(state.size());

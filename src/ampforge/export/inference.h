@@ -11,13 +11,16 @@
 namespace ampforge::onnx_export {
 
 struct InferenceModelOptions {
-  std::string model;       // registry name
-  std::string checkpoint;  // an ampforge checkpoint (model.* tensors) or a plain state dict (safetensors)
+  // Registry name; empty: the one an ampforge training checkpoint records (core/checkpoint_format.h).
+  std::string model;
+  // An ampforge checkpoint (model.* tensors, and the record of what the model was built with: model, input
+  // channels, classes, image size or sequence length, which the options below override) or a plain state dict.
+  std::string checkpoint;
   bool random_init = false;  // required when checkpoint is empty: exporting an untrained model is a choice
   uint64_t seed = 0;         // random_init: the default generator's seed before building
-  // 0: the registry entry's default (models::ModelEntry::defaults).
+  // 0: the checkpoint's record, else the registry entry's default (models::ModelEntry::defaults).
   int64_t in_channels = 0, num_classes = 0, image_size = 0;
-  int64_t seq_len = 0;  // text models (task masked_lm): tokens per sequence; 0: 128
+  int64_t seq_len = 0;  // text models (task masked_lm): tokens per sequence; 0: the record's, else 128
   // Text models: what the graph outputs, named as Hugging Face's pipelines / optimum's export tasks.
   // "fill-mask" (default): the MLM head's `logits` (B, T, vocab); "feature-extraction": the encoder's
   // `last_hidden_state` (B, T, hidden), without the head. "" = the model's default.

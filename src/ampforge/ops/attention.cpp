@@ -2,7 +2,7 @@
 // (N1, N2, Tq, Tk) strided view, output allocation, dispatch. Contract: core/attrs.h (AttentionAttrs).
 #include <cmath>
 
-#include "ampforge/backends/meta/meta.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::ops {
@@ -119,7 +119,8 @@ bool attention_applies(const Tensor& q, const Tensor& k, const Tensor& v, const 
   if (leading(k) != leading(q) || leading(v) != leading(q)) return false;
   if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) return false;
   if (q.size(-1) != k.size(-1) || k.size(-2) != v.size(-2)) return false;
-  if (meta::stands_for(q.device()) == DeviceType::CUDA) {  // a meta device standing for CUDA decides as CUDA
+  // A meta device standing for CUDA decides as CUDA.
+  if (runtime::has_capability(q.device(), runtime::Capability::LimitedFusedAttention)) {
     if (q.dtype() != DType::F32 && q.dtype() != DType::F16 && q.dtype() != DType::BF16) return false;
     if (q.size(-1) > kAttentionMaxHeadDimCuda || v.size(-1) > kAttentionMaxHeadDimCuda) return false;
   }

@@ -1,7 +1,7 @@
 // ops/: batch_norm and layer_norm (forward and backward): validation, layout, output allocation, dispatch.
 // The CPU kernels read batch_norm operands as contiguous (N, C, *) or channels-last (N, H, W, C); anything
 // else is copied into one of those first (channels-last when x suggests it).
-#include "ampforge/backends/meta/meta.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::ops {
@@ -76,7 +76,9 @@ BatchNormResult batch_norm(const Tensor& x_in, const Tensor& weight, const Tenso
   return r;
 }
 
-bool batch_norm_fuses_activation(Device device) { return meta::stands_for(device) == DeviceType::CPU; }
+bool batch_norm_fuses_activation(Device device) {
+  return runtime::has_capability(device, runtime::Capability::FusedBatchNormActivation);
+}
 
 NormGrads batch_norm_backward(const Tensor& grad, const Tensor& x_in, const Tensor& weight, const Tensor& save_mean,
                               const Tensor& save_invstd, const BatchNormAttrs& attrs, std::array<bool, 3> want,

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "ampforge/autograd/node.h"
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/ops/ops.h"
 
 namespace ampforge::optim {
@@ -158,7 +158,7 @@ void Optimizer::sync_hyperparams() {
 
 Tensor Optimizer::step_hyper(size_t group) {
   if (!device_hyper_) return Tensor();
-  if (!cuda::is_capturing()) sync_hyperparams();
+  if (!runtime::device_runtime(groups_[group].hyper.device()).is_capturing()) sync_hyperparams();
   return groups_[group].hyper;
 }
 

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/dispatch.h"
 #include "ampforge/memory/global.h"
@@ -280,7 +280,7 @@ ProfileData Session::stop() {
     // would be counted as dropped instead of appearing in the profile.
     if (mem.is_cuda()) {
       try {
-        cuda::synchronize(mem.index);
+        runtime::synchronize(mem);
       } catch (const Error& e) {
         log(LogLevel::Warn, "profiler: waiting for {} before the last CUPTI flush failed: {}", mem.str(), e.what());
       }

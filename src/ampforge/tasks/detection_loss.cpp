@@ -9,7 +9,7 @@
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
-#include "ampforge/backends/meta/meta.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/models/yolo.h"
 
 namespace ampforge::tasks {
@@ -57,7 +57,7 @@ DetectionLossResult meta_loss(const Tensor& raw, const Tensor& pred_scores, cons
                               const DetectionLossOptions& opt) {
   const int64_t B = raw.shape()[0], nc = raw.shape()[1] - 4 * kRegMax, A = raw.shape()[2];
   const Device dev = raw.device();
-  const bool host_here = meta::target() == DeviceType::CPU;
+  const bool host_here = runtime::has_capability(dev, runtime::Capability::HostMemory);
   Assignment as;
   {
     autograd::NoGradGuard ng;

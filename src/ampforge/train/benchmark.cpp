@@ -4,7 +4,7 @@
 #include <numeric>
 #include <optional>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/memory/caching_allocator.h"
 #include "ampforge/memory/global.h"
 #include "ampforge/optim/adamw.h"
@@ -45,16 +45,14 @@ double median_of(std::vector<double> v) {
 // TF32 on for the step's lifetime only (restored after, also on an exception).
 class Tf32Scope {
  public:
-  explicit Tf32Scope(bool on) : old_gemm_(cuda::allow_tf32()), old_conv_(cuda::cudnn_allow_tf32()) {
-    cuda::set_allow_tf32(on);
-    cuda::set_cudnn_allow_tf32(on);
+  Tf32Scope(runtime::DeviceRuntime& rt, bool on)
+      : rt_(rt), old_gemm_(rt.allow_tf32_products()), old_conv_(rt.allow_tf32_convolutions()) {
+    rt_.set_allow_tf32(on, on);
   }
-  ~Tf32Scope() {
-    cuda::set_allow_tf32(old_gemm_);
-    cuda::set_cudnn_allow_tf32(old_conv_);
-  }
+  ~Tf32Scope() { rt_.set_allow_tf32(old_gemm_, old_conv_); }
 
  private:
+  runtime::DeviceRuntime& rt_;
   bool old_gemm_, old_conv_;
 };
 
@@ -79,7 +77,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
                     : o.precision == BenchPrecision::BF16 ? DType::BF16
                                                           : DType::F32;
   std::optional<Tf32Scope> tf32;
-  if (on_cuda) tf32.emplace(o.precision == BenchPrecision::TF32);
+  if (on_cuda) tf32.emplace(runtime::device_runtime(dev), o.precision == BenchPrecision::TF32);
 
   nn::Module& model = *w.module;
   // Frozen parameters (YOLOv8's DFL bins) stay out of the optimizer, as in training.
@@ -113,8 +111,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
     }
   };
   const int total = warmup + o.steps;
-  memory::CachingAllocator* alloc = on_cuda ? cuda::caching_allocator(static_cast<int>(dev.index))
-                                            : memory::installed_caching_allocator();
+  memory::CachingAllocator* alloc = memory::caching_allocator_for(dev);
   // Cached blocks of earlier work (another cell of a bench) would count as reserved: release them first, so
   // the peaks are this step's. That happens before the last warm-up step, which then takes the page faults (CPU)
   // or the cudaMalloc calls (CUDA) of memory mapped afresh (hundreds of milliseconds for ResNet-50's ~1 GB on the
@@ -124,7 +121,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   // blocks, cached beside the graph's own pool, are no replay's memory.
   auto release_cached = [&] {
     if (alloc == nullptr) return;
-    if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
+    runtime::synchronize(dev);
     alloc->empty_cache();
     alloc->reset_peak_stats();
   };
@@ -135,19 +132,19 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
     if (o.on_step) o.on_step(i + 1, total);
   }
   if (o.cuda_graphs) step(warmup, true);  // the capture (and its first replay) is not a timed step
-  if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
+  runtime::synchronize(dev);
   if (release_before < 0) release_cached();
 
   BenchmarkResult r;
   if (on_cuda) {
-    cuda::EventTimer timer(static_cast<int>(dev.index));
-    timer.mark();
+    std::unique_ptr<runtime::EventTimer> timer = runtime::device_runtime(dev).event_timer(dev.index);
+    timer->mark();
     for (int i = 0; i < o.steps; ++i) {
       step(warmup + 1 + i, true);
-      timer.mark();
+      timer->mark();
       if (o.on_step) o.on_step(warmup + i + 1, total);
     }
-    r.step_seconds = timer.intervals();
+    r.step_seconds = timer->intervals();
     r.timer = "cuda events";
   } else {
     for (int i = 0; i < o.steps; ++i) {
@@ -183,7 +180,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
       profiler::Range step_range("step", profiler::RangeKind::Step);
       step(warmup + o.steps + 1, true);
     }
-    if (on_cuda) cuda::synchronize(static_cast<int>(dev.index));
+    runtime::synchronize(dev);
     r.profile = session.stop();
   }
   return r;

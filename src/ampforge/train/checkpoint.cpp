@@ -59,6 +59,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
                                           {"scaler", nlohmann::json(info.scaler).dump()},
                                           {"config", info.config_json}};
   if (!info.ema.empty()) meta["ema_updates"] = std::to_string(info.ema_updates);
+  if (!info.record.model.empty()) meta["model_record"] = checkpoint::model_record_json(info.record);
   save_safetensors(path, tensors, meta);
 }
 
@@ -89,6 +90,7 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim
     AF_THROW(Io, "checkpoint '{}' has malformed metadata: {}", path, e.what());
   }
   info.config_json = meta.count("config") ? meta.at("config") : "";
+  info.record = *checkpoint::read_model_record(meta, path);
   if (auto it = meta.find("ema_updates"); it != meta.end()) {
     try {
       info.ema_updates = std::stoll(it->second);

@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "ampforge/amp/grad_scaler.h"
+#include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/nn/module.h"
 #include "ampforge/optim/optimizer.h"
 
 namespace ampforge::train {
 
-inline constexpr const char* kCheckpointFormat = "ampforge-checkpoint-v1";
+inline constexpr const char* kCheckpointFormat = checkpoint::kFormat;  // core/checkpoint_format.h
 
 struct CheckpointPosition {
   int64_t epoch = 0;          // epoch to continue in
@@ -26,6 +27,9 @@ struct CheckpointPosition {
 
 struct CheckpointInfo {
   std::string model;
+  // What the model was built with (core/checkpoint_format.h), so that export, predict and detect rebuild it from
+  // the file alone; record.model empty: not written (a Trainer used without a recipe), read back from "model".
+  checkpoint::ModelRecord record;
   CheckpointPosition pos;
   PhiloxState rng;
   std::map<std::string, double> scaler;  // empty without a scaler

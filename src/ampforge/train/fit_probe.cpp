@@ -9,10 +9,11 @@
 #include <vector>
 
 #include "ampforge/amp/grad_scaler.h"
-#include "ampforge/backends/meta/meta.h"
 #include "ampforge/core/allocator.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/memory/budgeted_provider.h"
 #include "ampforge/memory/caching_allocator.h"
+#include "ampforge/memory/global.h"
 #include "ampforge/memory/host_provider.h"
 #include "ampforge/train/step.h"
 #include "ampforge/train/workload.h"
@@ -171,8 +172,10 @@ memory::FitProbe run_fit_probe(const FitProbeSetup& s, int64_t batch, bool full)
   const Stopwatch clock;
   if (s.device.is_meta()) {
     // A fresh meta device with the budget as its capacity: the same policy as the real device, no memory.
-    meta::MetaSession session(meta::MetaOptions::stand_for(s.stands_for, static_cast<uint64_t>(s.budget)));
-    probe_steps(s, p, session.allocator());
+    const auto session = runtime::plan_for(s.stands_for, static_cast<uint64_t>(s.budget));
+    memory::CachingAllocator* planned = memory::caching_allocator_for(kMeta);  // the session's
+    AF_ASSERT(planned != nullptr, "the meta device has no caching allocator in a planning session");
+    probe_steps(s, p, *planned);
   } else {
     ProbeMemoryOwner mem(static_cast<size_t>(s.budget));
     CpuAllocatorScope scope(&mem.allocator());

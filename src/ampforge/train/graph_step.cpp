@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/autograd/node.h"
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/nn/layers.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/tasks/task.h"
@@ -86,7 +86,7 @@ Tensor StepGraph::run(nn::Module& model, tasks::Task& task, optim::Optimizer& op
     // Capture: the step is recorded, not run; the replay below runs it.
     StepOptions gopts = options;
     gopts.schedule = nullptr;
-    auto graph = std::make_unique<cuda::Graph>(dev.index);
+    std::unique_ptr<runtime::Graph> graph = runtime::device_runtime(dev).graph(dev.index);
     graph->capture_begin();
     const StepResult captured = train_step(model, task, opt, scaler, inputs_, gopts);
     graph->capture_end();

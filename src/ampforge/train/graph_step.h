@@ -16,11 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/core/runtime.h"
 #include "ampforge/train/step.h"
-
-namespace ampforge::cuda {
-class Graph;
-}
 
 namespace ampforge::tasks {
 class Task;
@@ -63,7 +60,7 @@ class StepGraph {
   int64_t pool_peak_allocated_bytes() const;
 
  private:
-  std::unique_ptr<cuda::Graph> graph_;
+  std::unique_ptr<runtime::Graph> graph_;  // the device's graph (core/runtime.h)
   std::vector<data::Batch> inputs_;  // static inputs, one per micro-batch
   Tensor loss_;
   double momentum_ = -1;  // opt.momentum() at capture (a replay uses that value)

@@ -7,7 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/checkpoint_format.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/dist/environment.h"
 #include "ampforge/core/safetensors.h"
@@ -417,15 +418,12 @@ TrainResult train(const TrainConfig& config) {
   dist::CommunicatorPtr comm;
   if (world.distributed()) {
     if (given.device == "cuda") to.device = Device(DeviceType::CUDA, world.local_rank);
-    if (to.device.is_cuda())
-      AF_CHECK(to.device.index < cuda::device_count(), "rank {}: device {} does not exist ({} CUDA devices{}{})",
-               world.rank, to.device.str(), cuda::device_count(), cuda::device_count() == 0 ? ": " : "",
-               cuda::unavailable_reason());
+    runtime::check_device_exists(to.device, fmt::format("rank {}: device {}", world.rank, to.device.str()));
     dist::InitOptions io;
     io.device = to.device;
     io.timeout_s = given.dist_timeout;
     io.collective_timeout_s = given.collective_timeout;
-    if (to.device.is_cuda()) io.compute_stream = cuda::compute_stream(to.device.index);
+    io.compute_stream = runtime::device_runtime(to.device).compute_stream(to.device.index);
     comm = dist::init_process_group(world, io);
     if (comm->rank() != 0) given.verbose = given.progress = false;
     if (given.threads == 0 && to.device.is_cpu())
@@ -482,6 +480,7 @@ TrainResult train(const TrainConfig& config) {
   mo.num_classes = ds.train->num_classes();  // masked LM: the vocabulary
   mo.image_size = masked_lm ? cfg.seq_len : ds.train->example_shape()[1];
   nn::ModulePtr model = entry.build(mo);
+  to.model_record = {cfg.model, entry.task, mo.in_channels, mo.num_classes, mo.image_size};
   int64_t to_eval_batch_cap = 0;
   if (!cfg.weights.empty()) {
     // Not strict: a classifier for another number of classes keeps its own head (reported), as in
@@ -489,8 +488,15 @@ TrainResult train(const TrainConfig& config) {
     nn::LoadOptions lopt;
     lopt.strict = false;
     // The reference implementation's names are mapped first (BERT: Hugging Face's legacy names, tied duplicates).
-    const nn::LoadReport rep =
-        nn::load_state_dict(*model, entry.reference_state(load_safetensors(cfg.weights).tensors), lopt);
+    // An ampforge checkpoint: its weights (the weight average when the run kept one, as export takes them).
+    const SafetensorsFile wf = load_safetensors(cfg.weights);
+    nn::NamedTensors wstate;
+    if (checkpoint::is_checkpoint(wf.metadata)) {
+      wstate = checkpoint::model_weights(wf.tensors);
+    } else {
+      wstate = entry.reference_state(wf.tensors);
+    }
+    const nn::LoadReport rep = nn::load_state_dict(*model, wstate, lopt);
     AF_CHECK(!rep.loaded_keys.empty(), "--weights {}: no tensor matches --model {} ({})", cfg.weights, cfg.model,
              rep.str());
     if (cfg.verbose) std::fprintf(stderr, "weights %s: %s\n", cfg.weights.c_str(), rep.str().c_str());

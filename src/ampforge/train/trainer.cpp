@@ -13,8 +13,7 @@
 #include "ampforge/amp/autocast.h"
 #include "ampforge/amp/grad_scaler.h"
 #include "ampforge/autograd/node.h"
-#include "ampforge/backends/cpu/bf16_compute.h"
-#include "ampforge/backends/cuda/cuda.h"
+#include "ampforge/core/runtime.h"
 #include "ampforge/core/allocator.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/dist/environment.h"
@@ -177,9 +176,7 @@ void validate(const TrainerOptions& o) {
   AF_CHECK(o.loader.batch_size >= 1, "--batch must be >= 1, got {}", o.loader.batch_size);
   AF_CHECK(o.eval_loader.batch_size >= 1, "the evaluation batch size must be >= 1, got {}", o.eval_loader.batch_size);
   AF_CHECK(o.device.is_cpu() || o.device.is_cuda(), "--device must be cpu, cuda or cuda:N, got '{}'", o.device.str());
-  if (o.device.is_cuda())
-    AF_CHECK(o.device.index < cuda::device_count(), "--device {}: no such CUDA device ({} available{}{})",
-             o.device.str(), cuda::device_count(), cuda::device_count() == 0 ? ": " : "", cuda::unavailable_reason());
+  runtime::check_device_exists(o.device, "--device " + o.device.str());
   AF_CHECK(!o.cuda_graphs || o.device.is_cuda(), "--cuda-graphs needs --device cuda");
   AF_CHECK(o.loss_read_interval >= 1, "--loss-read-interval must be >= 1, got {}", o.loss_read_interval);
   if (!o.profile_steps.empty()) parse_profile_steps(o.profile_steps);
@@ -392,6 +389,7 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
     info.rng = default_generator().state();
     info.scaler = scaler.state_dict();
     info.config_json = o_.config_json;
+    info.record = o_.model_record;
     if (ema) {
       info.ema = ema->full_state_dict(model);
       info.ema_updates = ema->updates();
@@ -413,16 +411,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
                                                 o_.data_parallel.overlap ? " started from backward" : ""),
                                   lo.batch_size * world * k).c_str()
                     : "");
-  // BF16 on a CPU whose BF16 kernels are not faster than F32 (bf16_compute.h): say what the user gets.
-  if (o_.verbose && !on_cuda && o_.precision == DType::BF16 &&
-      cpu::cpu_bf16_compute(cpu::Bf16Kind::Matmul) == cpu::Bf16Compute::F32 &&
-      cpu::cpu_bf16_compute(cpu::Bf16Kind::Conv) == cpu::Bf16Compute::F32)
-    std::fprintf(stderr,
-                 "note: bf16 products and convolutions run in F32 on copies on this CPU (products: %s; convolutions: "
-                 "%s): bf16 halves activation memory and traffic, but its products are not faster than fp32's "
-                 "(AMPFORGE_CPU_BF16=native runs the BF16 kernels anyway)\n",
-                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Matmul).c_str(),
-                 cpu::cpu_bf16_summary(cpu::Bf16Kind::Conv).c_str());
+  // What the device does with this precision that the user would not guess (BF16 on a CPU without fast BF16).
+  if (o_.verbose)
+    if (const std::string note = runtime::device_runtime(dev).precision_note(o_.precision); !note.empty())
+      std::fprintf(stderr, "note: %s\n", note.c_str());
 
   StepOptions step_opts;
   step_opts.precision = o_.precision;
@@ -438,7 +430,8 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   // (read only at epoch ends) allocates no more device memory than that.
   if (on_cuda) dev_losses.emplace(dev, std::min(o_.loss_read_interval, std::max<int64_t>(steps_per_epoch, 1)));
   StepGraph graph;
-  const uint64_t syncs_before = cuda::host_sync_count();
+  runtime::DeviceRuntime& rt = runtime::device_runtime(dev);
+  const uint64_t syncs_before = rt.host_sync_count();
   std::unique_ptr<profiler::Session> prof;
   std::pair<int64_t, int64_t> prof_steps{0, -1};
   if (o_.profile || !o_.trace.empty()) {
@@ -626,15 +619,10 @@ TrainResult Trainer::fit(std::shared_ptr<const data::Dataset> train_data,
   r.train_seconds = train_seconds;
   r.train_samples_per_sec = train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0;
   r.data_wait_seconds = train_loader.wait_seconds();
-  if (on_cuda) r.host_syncs = static_cast<int64_t>(cuda::host_sync_count() - syncs_before);
+  if (on_cuda) r.host_syncs = static_cast<int64_t>(rt.host_sync_count() - syncs_before);
   r.wall_seconds = wall.seconds();
   if (!o_.memory_trace.empty()) memory::trace_stop(dev);
-  memory::CachingAllocator* cuda_alloc = on_cuda ? cuda::caching_allocator(dev.index) : nullptr;
-  if (cuda_alloc != nullptr) {
-    const memory::AllocatorStats st = cuda_alloc->stats();
-    r.peak_memory_bytes = st.reserved.peak;
-    r.memory_stats_json = memory::stats_to_json(st).dump();
-  } else if (auto st = memory::allocator_stats()) {
+  if (auto st = memory::allocator_stats(dev)) {
     r.peak_memory_bytes = st->reserved.peak;
     r.memory_stats_json = memory::stats_to_json(*st).dump();
   } else {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/dtype.h"
 #include "ampforge/data/data_loader.h"
 #include "ampforge/nn/module.h"
@@ -57,6 +58,9 @@ struct TrainerOptions {
   // The label names the run's model in the checkpoint (resume refuses another); empty: the model's type.
   std::string save, resume, checkpoint_label;
   std::string config_json = "{}";  // stored in checkpoints for people reading them
+  // Stored in checkpoints so that export, predict and detect rebuild the model from the file alone
+  // (core/checkpoint_format.h); model empty: not stored.
+  checkpoint::ModelRecord model_record;
   std::string memory_trace;        // record every allocation/free of the run's device allocator here
   bool progress = true;
   bool verbose = true;               // a header line and warnings on stderr

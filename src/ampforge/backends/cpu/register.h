@@ -3,6 +3,7 @@
 
 namespace ampforge::cpu {
 
+void register_cpu_runtime();  // runtime_cpu.cpp: the device runtime and the CPU's capabilities (core/runtime.h)
 void register_elementwise_cpu();
 void register_reduce_cpu();
 void register_blas_cpu();

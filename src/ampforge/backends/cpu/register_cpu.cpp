@@ -6,6 +6,7 @@ namespace ampforge {
 
 void register_cpu_backend() {
   cpu::select_blas_kernels();  // OpenBLAS's kernels for this CPU, before any GEMM (blas_kernels.h)
+  cpu::register_cpu_runtime();
   cpu::register_elementwise_cpu();
   cpu::register_reduce_cpu();
   cpu::register_blas_cpu();

@@ -7,6 +7,9 @@
 #include "ampforge/backends/meta/cuda_scratch.h"
 #include "ampforge/backends/meta/meta.h"
 #include "ampforge/core/dispatch.h"
+#include "ampforge/core/runtime.h"
+
+#include <memory>
 
 namespace ampforge {
 
@@ -51,10 +54,33 @@ KernelFn meta_kernel(OpId op) {
   }
 }
 
+// The meta device's runtime (core/runtime.h): always present, synchronous, and the one that plans for another
+// device type (a MetaSession standing for it).
+class MetaPlan final : public runtime::PlanningSession {
+ public:
+  MetaPlan(DeviceType type, uint64_t capacity) : session_(meta::MetaOptions::stand_for(type, capacity)) {}
+
+ private:
+  meta::MetaSession session_;
+};
+
+class MetaRuntime final : public runtime::DeviceRuntime {
+ public:
+  int device_count() const override { return 1; }
+  DeviceType stands_for() const override { return meta::target(); }
+  std::unique_ptr<runtime::PlanningSession> plan_for(DeviceType type, uint64_t capacity) override {
+    return std::make_unique<MetaPlan>(type, capacity);
+  }
+  bool plans_expandable_segments(DeviceType type) const override {
+    return meta::MetaOptions::stand_for(type).expandable_segments;
+  }
+};
+
 }  // namespace
 
 // Called once from ensure_backends_registered() (core/dispatch.cpp).
 void register_meta_backend() {
+  runtime::register_device_runtime(DeviceType::Meta, std::make_unique<MetaRuntime>());
   for (int i = 0; i < kNumOps; ++i) register_kernel(static_cast<OpId>(i), DeviceType::Meta, meta_kernel(static_cast<OpId>(i)));
   meta::detail::install_default_allocator();
 }
