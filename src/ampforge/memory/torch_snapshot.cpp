@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "ampforge/memory/pickle.h"
+#include "ampforge/memory/stats.h"
 #include "ampforge/util/error.h"
 #include "ampforge/util/file.h"
 
@@ -469,14 +470,14 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
   in.wrapped = snap.overflowed || (snap.max_entries > 0 && in.entries >= snap.max_entries);
   if (in.wrapped)
     in.notes.push_back(fmt::format(
-        "the ring buffer wrapped (max_entries {}): the oldest entries were dropped; {} blocks ({} bytes) whose "
+        "the ring buffer wrapped (max_entries {}): the oldest entries were dropped; {} blocks ({}) whose "
         "allocation was lost are placed at the start",
-        snap.max_entries, in.allocs_before_recording, in.bytes_before_recording));
+        snap.max_entries, in.allocs_before_recording, format_bytes(in.bytes_before_recording)));
   else if (in.allocs_before_recording > 0)
     in.notes.push_back(fmt::format(
-        "{} blocks ({} bytes) were allocated before the first entry (recording began after them, or the ring buffer "
+        "{} blocks ({}) were allocated before the first entry (recording began after them, or the ring buffer "
         "dropped their allocation): placed at the start, as PyTorch's viewer does",
-        in.allocs_before_recording, in.bytes_before_recording));
+        in.allocs_before_recording, format_bytes(in.bytes_before_recording)));
   if (snap.ignored_entries > 0)
     in.notes.push_back(fmt::format("{} entries of actions this reader does not know were skipped", snap.ignored_entries));
   if (in.empty_cache_frees > 0)
