@@ -2,7 +2,7 @@
 """Records a PyTorch memory snapshot of a real training run, for `ampforge memory replay` / `memory explain`.
 
 usage: python3 scripts/torch_memory_snapshot.py OUT.pickle [--model resnet50] [--batch 256] [--steps 6]
-                                                 [--image-size 224] [--expandable]
+                                                 [--image-size 224] [--expandable] [--ampforge-alloc LIB.so]
 
 Trains torchvision's MODEL with automatic mixed precision (float16 autocast + GradScaler, SGD with momentum,
 channels-last) on random data for STEPS steps on cuda:0, recording every allocation the way a user would
@@ -15,7 +15,10 @@ channels-last) on random data for STEPS steps on cuda:0, recording every allocat
 An out-of-memory error is caught and recorded (the snapshot then holds its `oom` entry) and the script still
 writes the snapshot and exits 0; a machine without CUDA or torchvision exits 2 with a message. Prints one JSON line:
 the versions, the run's peak allocated/reserved as PyTorch counts them, steps done, whether it ran out of memory.
---expandable sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts. scripts/gpu-check runs it.
+--expandable sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts. --ampforge-alloc LIB.so trains
+with ampforge's caching allocator instead (libampforge_torch_alloc.so through CUDAPluggableAllocator, installed before
+the first CUDA allocation): PyTorch records no snapshot then (unsupported under a pluggable allocator), and the JSON
+line carries the allocator's own figures (af_torch_stats_json) instead. scripts/gpu-check runs it.
 """
 import argparse
 import json
@@ -33,6 +36,7 @@ def main():
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--expandable", action="store_true")
     ap.add_argument("--max-entries", type=int, default=1_000_000)
+    ap.add_argument("--ampforge-alloc", default="")
     a = ap.parse_args()
     if a.expandable:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -45,9 +49,17 @@ def main():
     if not torch.cuda.is_available():
         print("torch_memory_snapshot: no CUDA device", file=sys.stderr)
         return 2
+    lib = None
+    if a.ampforge_alloc:
+        import ctypes
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(a.ampforge_alloc, "af_torch_malloc", "af_torch_free")
+        torch.cuda.memory.change_current_allocator(alloc)
+        lib = ctypes.CDLL(a.ampforge_alloc)
+        lib.af_torch_stats_json.restype = ctypes.c_char_p
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
-    torch.cuda.memory._record_memory_history(max_entries=a.max_entries)
+    if lib is None:
+        torch.cuda.memory._record_memory_history(max_entries=a.max_entries)
     model = getattr(torchvision.models, a.model)(num_classes=1000).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda")
@@ -68,6 +80,13 @@ def main():
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError as e:
         oom = str(e).splitlines()[0][:300]
+    if lib is not None:
+        stats = json.loads(lib.af_torch_stats_json(0).decode())
+        print(json.dumps({"torch": torch.__version__, "model": a.model, "batch": a.batch, "steps_done": steps,
+                          "seconds": round(time.time() - t0, 2), "oom": oom, "allocator": "ampforge",
+                          "peak_requested": stats.get("requested_bytes", {}).get("peak"),
+                          "peak_reserved": stats.get("reserved_bytes", {}).get("peak"), "stats": stats}))
+        return 0
     torch.cuda.memory._dump_snapshot(a.out)
     torch.cuda.memory._record_memory_history(enabled=None)
     print(json.dumps({
