@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ampforge/torch_alloc/torch_alloc.h"
+#include "ampforge/memory/torch_alloc.h"
 
 namespace {
 

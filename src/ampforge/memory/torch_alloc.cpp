@@ -1,7 +1,7 @@
 // libampforge_torch_alloc.so (torch_alloc.h): one ampforge CachingAllocator per device behind the two C functions
 // PyTorch's CUDAPluggableAllocator calls. Built as its own shared library from the memory sources it needs (compiled
 // position-independent; src/CMakeLists.txt, the block at the end), so it carries no training code.
-#include "ampforge/torch_alloc/torch_alloc.h"
+#include "ampforge/memory/torch_alloc.h"
 
 #include <dlfcn.h>
 
