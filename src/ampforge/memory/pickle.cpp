@@ -213,7 +213,7 @@ class Unpickler {
           stack_.resize(m);
           break;
         }
-        case 0x94: memo_put(at, memo_.size()); break;  // MEMOIZE
+        case 0x94: memo_put(at, memo_count_); break;   // MEMOIZE: the next index is the memo's length
         case 'q': memo_put(at, u8(at)); break;          // BINPUT
         case 'r': memo_put(at, le(at, 4)); break;       // LONG_BINPUT
         case 'h': memo_get(at, u8(at)); break;          // BINGET
@@ -261,7 +261,17 @@ class Unpickler {
     if (k == PyValue::List || k == PyValue::Tuple || k == PyValue::Dict) v->depth = 1;
     return v;
   }
-  static PyRef int_value(int64_t i) {
+  // Small non-negative ints (line numbers, flags, small sizes) are shared: a snapshot has hundreds of thousands.
+  PyRef int_value(int64_t i) {
+    if (i >= 0 && i < kSmallInts) {
+      if (small_ints_.empty()) small_ints_.resize(kSmallInts);
+      PyRef& s = small_ints_[static_cast<size_t>(i)];
+      if (s == nullptr) {
+        s = make(PyValue::Int);
+        s->i = i;
+      }
+      return s;
+    }
     PyRef v = make(PyValue::Int);
     v->i = i;
     return v;
@@ -340,8 +350,25 @@ class Unpickler {
     }
     parent.items.push_back(child);
   }
-  void memo_put(size_t at, uint64_t index) { memo_[index] = top(at); }
+  // The memo: a vector for the dense indices the pickler writes (MEMOIZE counts up; BINPUT usually too), a map
+  // for any index far beyond them, so that no index can make the vector large.
+  void memo_put(size_t at, uint64_t index) {
+    const PyRef& v = top(at);
+    if (index < dense_.size() + 4096) {
+      if (index >= dense_.size()) dense_.resize(index + 1);
+      memo_count_ += dense_[index] == nullptr;
+      dense_[index] = v;
+      return;
+    }
+    const auto [it, added] = memo_.insert_or_assign(index, v);
+    (void)it;
+    memo_count_ += added;
+  }
   void memo_get(size_t at, uint64_t index) {
+    if (index < dense_.size() && dense_[index] != nullptr) {
+      push(dense_[index]);
+      return;
+    }
     const auto it = memo_.find(index);
     if (it == memo_.end()) fail(at, fmt::format("memo entry {} is read before it was written", index));
     push(it->second);
@@ -352,7 +379,11 @@ class Unpickler {
   size_t pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
+  std::vector<PyRef> dense_;
   std::unordered_map<uint64_t, PyRef> memo_;
+  uint64_t memo_count_ = 0;
+  static constexpr int64_t kSmallInts = 4096;
+  std::vector<PyRef> small_ints_;
 };
 
 }  // namespace

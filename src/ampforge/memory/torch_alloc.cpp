@@ -29,10 +29,12 @@ using namespace ampforge::memory;
 class CudartProvider final : public Provider {
  public:
   explicit CudartProvider(int device) : device_(device) {
+    // AMPFORGE_CUDART_LIBRARY, when set, is the only one tried; else the copy already loaded (PyTorch's), else the
+    // usual sonames.
     const char* env = std::getenv("AMPFORGE_CUDART_LIBRARY");
     std::vector<std::string> names;
     if (env != nullptr && *env != '\0') names.push_back(env);
-    for (const char* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) names.push_back(n);
+    else names = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
     for (const std::string& n : names)
       if ((lib_ = dlopen(n.c_str(), RTLD_NOW | RTLD_NOLOAD)) != nullptr) break;
     for (size_t i = 0; lib_ == nullptr && i < names.size(); ++i) lib_ = dlopen(names[i].c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -9,8 +9,8 @@
  *
  * One ampforge CachingAllocator per device (the ampforge policy): over CUDA's virtual-memory API (expandable
  * segments with granule reuse, memory/cuda_provider.h, libcuda loaded with dlopen) when the device supports it,
- * else over cudaMalloc/cudaFree of the CUDA runtime (dlopen: the one PyTorch loaded when there is one, else
- * AMPFORGE_CUDART_LIBRARY or libcudart.so.13/.12). AMPFORGE_TORCH_ALLOC_PROVIDER=cudart forces the latter.
+ * else over cudaMalloc/cudaFree of the CUDA runtime (dlopen: AMPFORGE_CUDART_LIBRARY when set, else the copy PyTorch
+ * loaded, else libcudart.so.13/.12). AMPFORGE_TORCH_ALLOC_PROVIDER=cudart forces the latter.
  * Streams are pools, as in PyTorch: a freed block is reused on the stream that allocated it. The allocator never
  * sees record_stream (PyTorch calls no such hook of a pluggable allocator unless it is set), so memory used on
  * another stream must be synchronised by the caller, as with any pluggable allocator.
