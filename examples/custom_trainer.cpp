@@ -47,10 +47,10 @@ class HingeTask final : public af::tasks::Task {
   std::string name() const override { return "hinge-classification"; }
   af::Tensor loss(af::nn::Module& model, const af::data::Batch& b) override {
     af::Tensor scores = model(b.x).to(af::DType::F32);  // (N, 3)
-    af::Tensor classes = af::ops::arange(0, 3, 1, af::DType::I64, scores.device()).reshape({1, 3});
+    af::Tensor classes = af::arange(0, 3, 1, af::DType::I64, scores.device()).reshape({1, 3});
     af::Tensor is_true = af::eq(classes, b.y.reshape({-1, 1}));  // (N, 3)
     af::Tensor truth = af::sum(af::where(is_true, scores, af::zeros_like(scores)), {1});
-    af::Tensor wrong = af::amax(af::where(is_true, af::ops::full_like(scores, -1e9), scores), {1});
+    af::Tensor wrong = af::amax(af::where(is_true, af::full(scores.shape(), -1e9, scores.dtype(), scores.device()), scores), {1});
     return af::mean(af::relu(af::add(af::sub(wrong, truth), 1.0)));
   }
   class Accuracy final : public af::tasks::Evaluator {

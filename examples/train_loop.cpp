@@ -9,7 +9,7 @@ namespace af = ampforge;
 
 int main() {
   af::manual_seed(0);
-  af::Device dev = af::kCPU;  // af::Device::parse("cuda") once the CUDA backend is built
+  af::Device dev = af::kCPU;  // or af::Device::parse("cuda") on a machine with an NVIDIA GPU
   auto model = af::models::small_cnn({.in_channels = 1, .num_classes = 10});
   model->to(dev);
   af::optim::AdamW opt(model->parameters(), {.lr = 1e-3});

@@ -1,5 +1,10 @@
 // The whole public API in one include. Installed as <prefix>/include/ampforge/ampforge.h; self-contained
 // (examples/*.cpp include nothing else of ampforge, and the install test builds them against an installation).
+//
+// Two layers of tensor functions: ampforge::add, ampforge::conv2d, ... (autograd/functions.h) are what models,
+// losses and training loops call, as a PyTorch user calls torch.add: they record the backward and follow
+// autocast. ops::add, ops::conv2d, ... (ops/ops.h) are the primitives below them, with neither: what backward
+// formulas, optimizers and kernels' callers use, where no history may be recorded.
 #pragma once
 
 #include "ampforge/amp/autocast.h"

@@ -26,6 +26,7 @@
 #include "ampforge/cli/bench_report.h"
 #include "ampforge/cli/commands.h"
 #include "ampforge/core/runtime.h"
+#include "ampforge/tasks/registry.h"
 #include "ampforge/util/thread_pool.h"
 #include "ampforge/hw/host_probe.h"
 #include "ampforge/hw/subprocess.h"
@@ -58,8 +59,7 @@ const std::vector<std::string> kBriefModels = {"resnet50", "bert-base", "yolov8n
 struct Sizes {
   int64_t batch, size;  // size: the square image side, or the sequence length for sequence models
 };
-Sizes default_sizes(const std::string& model, const std::string& task, bool full) {
-  const bool seq = task == "masked_lm";
+Sizes default_sizes(const std::string& model, bool seq, bool full) {
   if (model == "resnet50") return full ? Sizes{256, 224} : Sizes{8, 128};
   if (model == "bert-base") return full ? Sizes{64, 128} : Sizes{4, 64};
   if (model == "yolov8n" || model == "yolov8s") return full ? Sizes{16, 640} : Sizes{2, 320};
@@ -460,8 +460,8 @@ int run_bench(const BenchFlags& f) {
   for (const std::string& m : model_names) {
     if (g_bench_stop_signal.load() != 0) break;
     const models::ModelEntry& entry = reg.at(m);
-    const bool seq = entry.task == "masked_lm";
-    Sizes sz = default_sizes(m, entry.task, full);
+    const bool seq = tasks::task_of(entry).input == tasks::InputKind::TokenIds;
+    Sizes sz = default_sizes(m, seq, full);
     if (auto it = batches.find(m); it != batches.end()) sz.batch = it->second;
     if (!seq && f.image_size > 0) sz.size = f.image_size;
     if (seq && f.seq_len > 0) sz.size = f.seq_len;

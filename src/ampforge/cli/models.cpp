@@ -67,7 +67,7 @@ int run_load(const ModelsArgs& a) {
   if (record) {
     if (record->in_channels > 0) mo.in_channels = record->in_channels;
     if (record->num_classes > 0) mo.num_classes = record->num_classes;
-    if (record->image_size > 0 && e.task != "masked_lm") mo.image_size = record->image_size;
+    if (record->image_size > 0) mo.image_size = record->image_size;  // a token-id model: its sequence length
   }
   nn::ModulePtr model;
   {

@@ -8,11 +8,12 @@
 #include <optional>
 #include "ampforge/nn/init.h"
 #include "ampforge/nn/state_dict.h"
+#include "ampforge/tasks/registry.h"
 
 namespace ampforge::onnx_export {
 
 namespace {
-bool takes_images(const std::string& task) { return task == "classification" || task == "detection"; }
+bool takes_tokens(const models::ModelEntry& e) { return tasks::task_of(e).input == tasks::InputKind::TokenIds; }
 }  // namespace
 
 InferenceModel load_inference_model(const InferenceModelOptions& given) {
@@ -39,10 +40,11 @@ InferenceModel load_inference_model(const InferenceModelOptions& given) {
            "model '{}' has no weights: pass --checkpoint FILE (from `ampforge train --save`, or a converted state "
            "dict), or --random-init to use the untrained initialisation on purpose (runtime tests)", o.model);
   AF_CHECK(o.checkpoint.empty() || !o.random_init, "--checkpoint and --random-init exclude each other");
-  if (takes_images(m.entry->task))
+  const bool tokens = takes_tokens(*m.entry);
+  if (!tokens)
     AF_CHECK(o.seq_len == 0, "--seq-len applies to text models; '{}' ({}) takes images (use --image-size)", o.model,
              m.entry->task);
-  if (m.entry->task == "masked_lm")
+  if (tokens)
     AF_CHECK(o.image_size == 0 && o.in_channels == 0, "--image-size and --in-channels apply to image models; '{}' "
              "({}) takes token ids (use --seq-len)", o.model, m.entry->task);
   m.options = m.entry->defaults;
@@ -50,12 +52,12 @@ InferenceModel load_inference_model(const InferenceModelOptions& given) {
     if (record->in_channels > 0) m.options.in_channels = record->in_channels;
     if (record->num_classes > 0) m.options.num_classes = record->num_classes;
     if (record->image_size > 0) {
-      if (m.entry->task == "masked_lm") m.seq_len = record->image_size;
+      if (tokens) m.seq_len = record->image_size;
       else m.options.image_size = record->image_size;
     }
   }
   if (o.seq_len > 0) m.seq_len = o.seq_len;
-  if (m.entry->task == "masked_lm") {
+  if (tokens) {
     m.task = o.task.empty() ? "fill-mask" : o.task;
     AF_CHECK(m.task == "fill-mask" || m.task == "feature-extraction",
              "--task {}: '{}' offers fill-mask (the MLM logits) or feature-extraction (the encoder's last_hidden_state)",
@@ -98,7 +100,8 @@ InferenceModel load_inference_model(const InferenceModelOptions& given) {
 }
 
 Signature signature_for(const InferenceModel& m, int64_t batch) {
-  if (m.entry->task == "masked_lm" && dynamic_cast<models::BertForMaskedLM*>(m.model.get()) != nullptr) {
+  const bool tokens = takes_tokens(*m.entry);
+  if (tokens && dynamic_cast<models::BertForMaskedLM*>(m.model.get()) != nullptr) {
     // BERT as Hugging Face exports it: input_ids and attention_mask (1 keep, 0 padding), both int64.
     Signature s;
     s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}, {"attention_mask", Shape{batch, m.seq_len}, DType::I64}};
@@ -115,7 +118,7 @@ Signature signature_for(const InferenceModel& m, int64_t batch) {
     }
     return s;
   }
-  if (m.entry->task == "masked_lm") {
+  if (tokens) {
     AF_CHECK(m.task.empty() || m.task == "fill-mask", "--task {}: model '{}' has no separate encoder output", m.task,
              m.entry->name);
     Signature s;
@@ -124,8 +127,6 @@ Signature signature_for(const InferenceModel& m, int64_t batch) {
     s.run = [](nn::Module& model, const std::vector<Tensor>& in) { return std::vector<Tensor>{model.forward(in.at(0))}; };
     return s;
   }
-  AF_CHECK(takes_images(m.entry->task), "model '{}' has task '{}', which has no inference signature in this build",
-           m.entry->name, m.entry->task);
   return image_signature(batch, m.options.in_channels, m.options.image_size);
 }
 

@@ -1,4 +1,5 @@
-// Model zoo, built only from nn/. Every model takes (N, C, H, W) images and returns (N, classes) logits.
+// Model zoo, built only from nn/. What each model takes and returns is its task's (tasks/registry.h): image
+// classifiers (N, C, H, W) -> (N, classes) logits; YOLOv8 images -> per-level head outputs; BERT token ids -> logits.
 // By name: registry.h (models::create, models::names, the entries `ampforge models` lists).
 #pragma once
 

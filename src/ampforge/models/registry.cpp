@@ -151,8 +151,8 @@ void register_builtin_models(ModelRegistry& r) {
   r.add(bert_entry("bert-tiny", "BERT-Tiny masked LM: 2 x 128, 2 heads, intermediate 512 (HF structure)"));
 }
 
-const ModelRegistry& model_registry() {
-  static const ModelRegistry registry = [] {
+ModelRegistry& model_registry() {
+  static ModelRegistry registry = [] {
     ModelRegistry r;
     register_builtin_models(r);
     return r;

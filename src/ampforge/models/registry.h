@@ -73,8 +73,10 @@ class ModelRegistry {
 // sequence length).
 void register_builtin_models(ModelRegistry& registry);
 
-// The process-wide registry, holding the built-in models (built on first use, thread-safe).
-const ModelRegistry& model_registry();
+// The process-wide registry, holding the built-in models (built on first use, thread-safe). A program or a
+// test adds its own models with model_registry().add(...) before it uses the registry from several threads;
+// the entry's task names a task of tasks/registry.h.
+ModelRegistry& model_registry();
 
 // The entry's labelled parameter counts, computed honestly: the model is built (default configuration)
 // and its parameters counted. The random initialisation is skipped while building (nn::init::SkipInitGuard),

@@ -8,8 +8,8 @@ namespace ampforge::ops {
 MemoryFormat output_format(const Tensor& a, const Shape& out_shape) {
   // image_memory_format, not suggest_memory_format: a channel slice of a channels-last image (YOLOv8's C2f
   // split, the slices of a concatenation's gradient) is dense in neither layout, and a Contiguous result of
-  // two such slices then met channels-last gradients in the next add, a transposing add (YOLOv8n b2 640: the
-  // engine's gradient sums 9.7 -> 7.2 ms per step with this; docs/PERFORMANCE.md).
+  // two such slices then met channels-last gradients in the next add, a transposing add (the engine's gradient
+  // sums of YOLOv8 are measured in docs/PERFORMANCE.md).
   if (a.shape() == out_shape && out_shape.size() == 4) return image_memory_format(a);
   return MemoryFormat::Contiguous;
 }

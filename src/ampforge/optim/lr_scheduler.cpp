@@ -14,15 +14,6 @@ Schedule schedule_from_string(const std::string& s) {
   AF_THROW(InvalidArgument, "unknown lr schedule '{}': expected constant, step, cosine or linear", s);
 }
 
-const char* schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::Constant: return "constant";
-    case Schedule::Step: return "step";
-    case Schedule::Cosine: return "cosine";
-    case Schedule::Linear: return "linear";
-  }
-  return "?";
-}
 
 LRScheduler::LRScheduler(Optimizer& opt, ScheduleOptions o) : opt_(opt), o_(o) {
   AF_CHECK(o.kind != Schedule::Step || o.step_size > 0, "step schedule needs step_size > 0");

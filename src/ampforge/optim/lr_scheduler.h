@@ -28,7 +28,6 @@ struct ScheduleOptions {
 };
 
 Schedule schedule_from_string(const std::string& s);  // "constant" | "step" | "cosine" | "linear"
-const char* schedule_name(Schedule s);
 
 class LRScheduler {
  public:

@@ -187,11 +187,6 @@ Tensor Optimizer::step_params(size_t group) const {
   return g.shard_size > 0 ? ops::narrow(g.flat_params, 0, g.shard_begin, g.shard_size) : g.flat_params;
 }
 
-Tensor Optimizer::step_grads(size_t group) const {
-  const ParamGroup& g = groups_[group];
-  return g.shard_size > 0 ? g.shard_grads : g.flat_grads;
-}
-
 void Optimizer::check_rounding(const RoundingOptions& r) const {
   if (!r.stochastic) return;
   AF_CHECK(!sharded(), "optimizer: stochastic rounding cannot be combined with sharded state (--zero 1): its noise "

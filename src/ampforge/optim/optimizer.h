@@ -166,9 +166,8 @@ class Optimizer {
   void add_state(const std::string& name);
   Tensor& state(size_t group, const std::string& name);
 
-  // What the fused kernel steps for group i: the flat parameters and gradients, or this shard of them.
+  // What the fused kernel steps for group i: the flat parameters, or this shard of them.
   Tensor step_params(size_t group) const;
-  Tensor step_grads(size_t group) const;
   // The device hyperparameters to pass to the fused kernel for group i (undefined in host mode); brings
   // them up to date first unless a CUDA graph is being captured.
   Tensor step_hyper(size_t group);

@@ -1,6 +1,7 @@
 #include "ampforge/tasks/classification.h"
 
 #include "ampforge/autograd/functions.h"
+#include "ampforge/core/generator.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/error.h"
 
@@ -92,6 +93,26 @@ Tensor ClassificationTask::loss(nn::Module& model, const data::Batch& b) {
 
 std::unique_ptr<Evaluator> ClassificationTask::evaluator() const {
   return std::make_unique<ClassificationEvaluator>(opt_.top_k);
+}
+
+namespace {
+// Where values are drawn: on the CPU and then moved, except on the meta device, where values do not exist (a
+// batch of 256 224x224 images would cost a second of drawing for nothing).
+Device draw_device(const SyntheticBatchOptions& o) { return o.device.is_meta() ? o.device : kCPU; }
+}  // namespace
+
+data::Batch classification_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o) {
+  Generator gen(o.seed + 1);
+  Tensor x = randn({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, draw_device(o), &gen);
+  if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  std::vector<int64_t> labels(static_cast<size_t>(o.batch));
+  // A stride coprime with typical class counts, so a small batch still sees different classes.
+  for (int64_t i = 0; i < o.batch; ++i) labels[static_cast<size_t>(i)] = (i * 379 + 11) % mo.num_classes;
+  data::Batch b;
+  b.x = x.device() != o.device ? x.to(o.device) : x;
+  b.y = Tensor::from_vector(labels);
+  if (!o.device.is_cpu()) b.y = b.y.to(o.device);
+  return b;
 }
 
 }  // namespace ampforge::tasks

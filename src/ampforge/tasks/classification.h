@@ -8,6 +8,7 @@
 // (ties resolved in the prediction's favour; torch.topk's choice among equal scores is unspecified).
 #pragma once
 
+#include "ampforge/models/registry.h"
 #include "ampforge/tasks/task.h"
 
 namespace ampforge::tasks {
@@ -29,5 +30,10 @@ class ClassificationTask final : public Task {
  private:
   ClassificationOptions opt_;
 };
+
+// A synthetic batch for a model built with `mo` (the bench, memory planning: tasks/registry.h):
+// N(0, 1) images in the model's input shape (what normalised inputs look like) and labels spread
+// over its classes.
+data::Batch classification_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o);
 
 }  // namespace ampforge::tasks

@@ -10,6 +10,7 @@
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/core/generator.h"
 #include "ampforge/models/yolo.h"
 
 namespace ampforge::tasks {
@@ -346,5 +347,33 @@ class DetectionEvaluator final : public Evaluator {
 }  // namespace
 
 std::unique_ptr<Evaluator> DetectionTask::evaluator() const { return std::make_unique<DetectionEvaluator>(opt_); }
+
+namespace {
+// Where values are drawn: on the CPU and then moved, except on the meta device, where values do not exist (a
+// batch of 256 224x224 images would cost a second of drawing for nothing).
+Device draw_device(const SyntheticBatchOptions& o) { return o.device.is_meta() ? o.device : kCPU; }
+}  // namespace
+
+data::Batch detection_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o) {
+  constexpr int64_t kTargets = 4;
+  Generator gen(o.seed + 1);
+  Tensor x = rand({o.batch, mo.in_channels, mo.image_size, mo.image_size}, DType::F32, draw_device(o), &gen);
+  if (o.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  const Tensor u = rand({o.batch, kTargets, 4}, DType::F32, kCPU, &gen);
+  Tensor t = Tensor::empty({o.batch, kTargets, 5}, DType::F32);
+  const float* r = u.data<float>();
+  float* rows = t.data<float>();
+  for (int64_t i = 0; i < o.batch * kTargets; ++i) {
+    rows[5 * i + 0] = static_cast<float>((i * 7 + 3) % mo.num_classes);
+    rows[5 * i + 1] = 0.2f + 0.6f * r[4 * i + 0];   // centre in [0.2, 0.8)
+    rows[5 * i + 2] = 0.2f + 0.6f * r[4 * i + 1];
+    rows[5 * i + 3] = 0.05f + 0.3f * r[4 * i + 2];  // size in [0.05, 0.35)
+    rows[5 * i + 4] = 0.05f + 0.3f * r[4 * i + 3];
+  }
+  data::Batch b;
+  b.x = x.device() != o.device ? x.to(o.device) : x;
+  b.targets = !o.device.is_cpu() ? t.to(o.device) : t;
+  return b;
+}
 
 }  // namespace ampforge::tasks

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ampforge/tasks/detection_loss.h"
+#include "ampforge/models/registry.h"
 #include "ampforge/tasks/task.h"
 
 namespace ampforge::tasks {
@@ -113,5 +114,11 @@ class DetectionTask final : public Task {
  private:
   DetectionTaskOptions opt_;
 };
+
+// A synthetic batch for a model built with `mo` (the bench, memory planning: tasks/registry.h):
+// [0, 1) images (YOLO inputs are pixels / 255) and four boxes per image
+// (Batch::targets rows: class, cx, cy, w, h, normalised), spread over the canvas and the classes so that the assigner
+// finds foreground anchors.
+data::Batch detection_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o);
 
 }  // namespace ampforge::tasks

@@ -5,6 +5,7 @@
 
 #include "ampforge/autograd/functions.h"
 #include "ampforge/autograd/node.h"
+#include "ampforge/core/generator.h"
 #include "ampforge/models/bert.h"
 #include "ampforge/ops/ops.h"
 #include "ampforge/util/error.h"
@@ -160,5 +161,30 @@ Tensor MaskedLMTask::loss(nn::Module& model, const data::Batch& b) {
 }
 
 std::unique_ptr<Evaluator> MaskedLMTask::evaluator() const { return std::make_unique<MaskedLMEvaluator>(opt_); }
+
+data::Batch masked_lm_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o) {
+  MaskedLMOptions mlm;
+  mlm.vocab_size = mo.num_classes;
+  AF_CHECK(mlm.vocab_size > mlm.mask_id + 1, "workload: a vocabulary of {} ids has no room for BERT's special ids",
+           mlm.vocab_size);
+  AF_CHECK(o.seq_len >= 3, "workload: a masked-LM sequence needs [CLS], a token and [SEP] (>= 3), got {}", o.seq_len);
+  const int64_t first = mlm.mask_id + 1, span = mlm.vocab_size - first;
+  Generator gen(o.seed + 1);
+  const Tensor u = rand({o.batch, o.seq_len}, DType::F32, kCPU, &gen);
+  Tensor ids = Tensor::empty({o.batch, o.seq_len}, DType::F32);
+  const float* r = u.data<float>();
+  float* p = ids.data<float>();
+  for (int64_t b = 0; b < o.batch; ++b)
+    for (int64_t t = 0; t < o.seq_len; ++t) {
+      const int64_t i = b * o.seq_len + t;
+      const int64_t id = t == 0 ? mlm.cls_id
+                         : t == o.seq_len - 1 ? mlm.sep_id
+                                               : first + std::min<int64_t>(static_cast<int64_t>(r[i] * span), span - 1);
+      p[i] = static_cast<float>(id);
+    }
+  data::Batch batch;
+  batch.x = !o.device.is_cpu() ? ids.to(o.device) : ids;
+  return batch;
+}
 
 }  // namespace ampforge::tasks

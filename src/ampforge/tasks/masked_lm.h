@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ampforge/core/tensor.h"
+#include "ampforge/models/registry.h"
 #include "ampforge/tasks/task.h"
 
 namespace ampforge::tasks {
@@ -68,5 +69,10 @@ class MaskedLMTask final : public Task {
  private:
   MaskedLMOptions opt_;
 };
+
+// A synthetic batch for a model built with `mo` (the bench, memory planning: tasks/registry.h):
+// [CLS] ids [SEP] sequences of o.seq_len token ids (as floats, as the text
+// data sets deliver them) spread over the vocabulary above the special ids; the task masks them, as in training.
+data::Batch masked_lm_synthetic_batch(const models::ModelOptions& mo, const SyntheticBatchOptions& o);
 
 }  // namespace ampforge::tasks

@@ -1,6 +1,6 @@
 // Task: what the training loop trains for. A task turns a batch into a loss (training) and into metrics
 // (evaluation); the loop (train/trainer.h) knows no task and no model by name, so a new model or task
-// (classification here; masked-LM and detection later) never edits the loop.
+// never edits the loop. The kinds of task are registered by name in tasks/registry.h.
 //
 // Contract shared by every task:
 //  - `loss` is called in training mode, inside the loop's autocast region, with the batch already on the
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/core/device.h"
 #include "ampforge/core/tensor.h"
 #include "ampforge/data/data_loader.h"
 #include "ampforge/nn/module.h"
@@ -51,6 +52,18 @@ class Evaluator {
   virtual void add(nn::Module& model, const data::Batch& batch) = 0;
   virtual Metrics result() = 0;
   virtual EvalDetails details() { return {}; }  // called after result()
+};
+
+// What a task's models take: images (B, C, S, S) F32 (ModelOptions::image_size is the side), or token ids
+// (B, T) as F32 values (ModelOptions::image_size is the sequence length, num_classes the vocabulary).
+enum class InputKind { Images, TokenIds };
+
+struct SyntheticBatchOptions {
+  int64_t batch = 8;
+  int64_t seq_len = 128;       // token-id tasks
+  uint64_t seed = 0;
+  Device device = kCPU;        // the batch is made here (values drawn on the CPU; none on the meta device)
+  bool channels_last = true;   // images in channels-last layout (what the data loader delivers)
 };
 
 class Task {

@@ -14,7 +14,6 @@ NanPolicy nan_policy_from_string(const std::string& s) {
   AF_THROW(InvalidArgument, "--nan-policy must be stop or skip, got '{}'", s);
 }
 
-const char* nan_policy_name(NanPolicy p) { return p == NanPolicy::Stop ? "stop" : "skip"; }
 
 bool NanGuard::observe(double loss, int64_t step, int64_t read_at_step) {
   if (std::isfinite(loss) || scaler_) return !stopped();

@@ -14,7 +14,6 @@ enum class NanPolicy {
   Skip,  // skip that step and go on (counted in skipped())
 };
 NanPolicy nan_policy_from_string(const std::string& s);  // "stop" | "skip"; else InvalidArgument
-const char* nan_policy_name(NanPolicy p);
 
 class NanGuard {
  public:

@@ -3,10 +3,11 @@
 // `ampforge bench` times and what memory planning measures: a real training step of the named model,
 // without a data set.
 //
-// A model's task comes from its registry entry (ModelEntry::task); each task kind has one synthetic batch
-// maker here (classification: N(0, 1) images in the model's input shape and labels spread over its
-// classes; detection: [0, 1) images and four boxes per image, Batch::targets; masked_lm: [CLS] ids [SEP]
-// token sequences as floats, masked by the task). A task kind without one is refused with NotImplemented.
+// A model's task comes from its registry entry (ModelEntry::task), looked up in the task registry
+// (tasks/registry.h), which gives the task with its default options and its synthetic batch (classification:
+// N(0, 1) images in the model's input shape and labels spread over its classes; detection: [0, 1) images and four
+// boxes per image, Batch::targets; masked_lm: [CLS] ids [SEP] token sequences as floats, masked by the task). A
+// task kind nobody registered is refused with NotImplemented.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ struct Workload {
   std::string input;                  // the input's shape for people: "3x224x224"
 };
 
-// Whether make_workload has a synthetic batch for models of this task kind.
+// Whether make_workload has a synthetic batch for models of this task kind (it is registered).
 bool has_workload(const std::string& task_kind);
 
 // Throws InvalidArgument for an unknown model or a bad size, NotImplemented for a task kind that has no

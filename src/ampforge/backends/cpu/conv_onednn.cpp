@@ -234,9 +234,8 @@ bool winograd_fits(const Problem& p) {
 }
 
 // The weight gradient of a strided convolution with >= 32 channels runs faster on nChw16c copies of the activations
-// (oneDNN's blocked-layout kernel): ResNet-50 b8's 128-channel 3x3 stride-2 at 56x56 9.2 -> 4.5 ms (+0.35 ms of
-// copies), 256 at 28x28 6.4 -> 4.7, 512 at 14x14 6.3 -> 5.2; YOLOv8n b2's 32-128 channels 10-25% faster; at 16
-// channels slower (1.6 -> 2.6 ms). bench/onednn_conv_shapes, docs/PERFORMANCE.md.
+// (oneDNN's blocked-layout kernel), copies included; at 16 channels slower (bench/onednn_conv_shapes; the measurements
+// are in docs/PERFORMANCE.md, 2026-12-03).
 bool blocked_weight_grad_fits(const Problem& p) {
   const Conv2dAttrs& a = *p.a;
   return p.dir == Dir::BackwardWeight && p.dtype == DType::F32 && blocked_fits(p) && (a.stride[0] > 1 || a.stride[1] > 1) &&

@@ -177,8 +177,7 @@ inline void act_n(A* y, A* t, int64_t n) {
 // saved input (the forward's y = act(z) is not kept). Per-thread scratch: loaders are called per row/chunk.
 // store (grad_input itself when S == A; for 16-bit S an F32 buffer of x's size): also write dz there, in the compute
 // type, at the same offsets, so that a later pass reads it instead of recomputing it; SiLU's backward does this, its
-// exp costs more than the extra pass of memory (BF16 YOLOv8s b2 320, profile: batch_norm_backward 30.2 -> 20.3 ms per step, F32's 17.9 and 19.4 ms in the
-// same two runs).
+// exp costs more than the extra pass of memory (measured on BF16 YOLOv8s: docs/PERFORMANCE.md).
 template <class S, NormAct kAct>
 struct ActGradLoad {
   using A = compute_t<S>;
@@ -544,8 +543,8 @@ void channel_apply(const BnShape& sh, const LoadA& load_a, const S* b, S* out, c
 // form also writes dz to grad_residual), the second recomputes dz (or reads it from grad_residual) and writes dx.
 // Both prefetch (see prefetch_rows). The general path (channel_sums + channel_apply with a loader) writes dz into a
 // block buffer and reads it back, reads x twice, converts BF16 blocks into buffers and keeps the per-channel
-// coefficients tiled over 16384 values. ResNet-50 b8 step: batch_norm_backward 57.7 / 67.3 -> 40.6 / 40.7 ms in F32
-// (profile, two alternations), 170 -> 57 ms in BF16 (docs/PERFORMANCE.md). Same additions in the same order as channel_sums (each channel
+// coefficients tiled over 16384 values; the fused path is faster on ResNet-50 in F32 and BF16 (docs/PERFORMANCE.md).
+// Same additions in the same order as channel_sums (each channel
 // adds its rows one by one per statistics block, blocks in order), same arithmetic per element as the loaders and
 // channel_apply, same rounding to BF16 (round to nearest even, as store_n): the same bits (test
 // BatchNorm.ChannelsLastFusedPassesKeepTheGeneralPathsBits; one exception: a signalling NaN gradient that reaches
