@@ -273,6 +273,12 @@ echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median
   EXPECT_NE(read_text(args).find("--max-seconds 20"), std::string::npos) << read_text(args);
   EXPECT_NE(d.out.find("cnn fp32 PyTorch: 1 of 3 timed steps (30.0 s each: --peer-seconds stopped it)"),
             std::string::npos) << d.out;
+  const fs::path md = tmp("capped.md");
+  fs::remove(args);
+  const CmdResult m = run_ampforge(base + " --markdown " + md.string(), false);
+  ASSERT_EQ(m.code, 0) << m.out;
+  EXPECT_NE(read_text(md).find("cnn fp32 PyTorch: 1 of 3 timed steps"), std::string::npos) << read_text(md);
+  fs::remove(md);
   fs::remove(args);
   const CmdResult five = run_ampforge(base + " --peer-seconds 2.5", false);
   ASSERT_EQ(five.code, 0) << five.out;

@@ -97,6 +97,14 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
+// A side whose timed steps --peer-seconds stopped before --steps: "resnet50 bf16 PyTorch: 1 of 3 timed steps (13.3 s
+// each: --peer-seconds stopped it)"; "" otherwise.
+std::string capped_note(const BenchReport& r, const BenchRow& row, const char* who, const BenchSide& side) {
+  if (!side.ok || side.step_seconds.empty() || std::ssize(side.step_seconds) >= r.steps) return "";
+  return fmt::format("{} {} {}: {} of {} timed steps ({:.1f} s each: --peer-seconds stopped it)", row.model,
+                     row.precision, who, side.step_seconds.size(), r.steps, side.median_seconds);
+}
+
 std::string header_lines(const BenchReport& r) {
   std::string s = fmt::format("ampforge {} bench on {}{}: full training steps (forward, loss, backward, {}{}), "
                               "synthetic data, {} warm-up + {} timed steps, median (mean) samples/s, {} thread(s)",
@@ -207,13 +215,12 @@ std::string bench_table(const BenchReport& r) {
   bool notes = false;
   for (const BenchRow& row : r.rows) {
     auto note = [&](const char* who, const BenchSide& side) {
-      const bool capped = side.ok && !side.step_seconds.empty() && std::ssize(side.step_seconds) < r.steps;
-      if (side.ok && !capped) return;
+      const std::string capped = capped_note(r, row, who, side);
+      if (side.ok && capped.empty()) return;
       if (!notes) s += "\n";
       notes = true;
-      if (capped)
-        s += fmt::format("  {} {} {}: {} of {} timed steps ({:.1f} s each: --peer-seconds stopped it)\n", row.model,
-                         row.precision, who, side.step_seconds.size(), r.steps, side.median_seconds);
+      if (!capped.empty())
+        s += "  " + capped + "\n";
       else
         s += fmt::format("  {} {} {}: {}\n", row.model, row.precision, who, side.error);
     };
@@ -279,6 +286,11 @@ std::string bench_markdown(const BenchReport& r) {
                                                                                   : max_batch_cell(row));
     out += "\n";
   }
+  for (const BenchRow& row : r.rows)
+    for (const auto& [who, side] : {std::pair<const char*, const std::optional<BenchSide>*>{"PyTorch", &row.peer},
+                                    {"PyTorch compiled", &row.compiled}})
+      if (*side)
+        if (const std::string c = capped_note(r, row, who, **side); !c.empty()) out += "\n" + c + ".  ";
   out += fmt::format("\nratio = ampforge / PyTorch samples/s; brief RTX 4080 = {}.\n", kBriefEnvironment);
   return out;
 }

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
 namespace ampforge::cli::testing {
 
 struct CmdResult {
@@ -34,6 +37,19 @@ inline CmdResult run_ampforge(const std::string& args, bool merge_stderr = true,
 
 // Starts the built ampforge with `args` (no shell) and returns its pid, for tests that signal it while it runs;
 // stdout / stderr go to the files given (else they stay the test's). The caller waits for it (waitpid).
+// `ampforge ARGS` whose stdout is one JSON object: its exit code must be `expect_code` (a failed expectation names
+// the command and its output); a stdout that is not JSON is a failure and gives null.
+inline nlohmann::json run_ampforge_json(const std::string& args, int expect_code = 0) {
+  const CmdResult r = run_ampforge(args, false);
+  EXPECT_EQ(r.code, expect_code) << args << "\n" << r.out;
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << r.out;
+    return {};
+  }
+}
+
 inline pid_t spawn_ampforge(const std::vector<std::string>& args, const std::filesystem::path& out = {},
                             const std::filesystem::path& err = {}) {
   const pid_t pid = ::fork();

@@ -16,14 +16,7 @@ using ampforge::cli::testing::CmdResult;
 using ampforge::cli::testing::run_ampforge;
 
 nlohmann::json fit_json(const std::string& args, int expect_code = 0) {
-  CmdResult r = run_ampforge("memory fit " + args + " --json", false);
-  EXPECT_EQ(r.code, expect_code) << args << "\n" << r.out;
-  try {
-    return nlohmann::json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << r.out;
-    return {};
-  }
+  return ampforge::cli::testing::run_ampforge_json("memory fit " + args + " --json", expect_code);
 }
 
 int64_t sum_parts(const nlohmann::json& b) {

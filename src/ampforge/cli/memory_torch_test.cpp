@@ -21,14 +21,7 @@ using ampforge::cli::testing::run_ampforge;
 std::string snap(const std::string& name) { return std::string(AMPFORGE_TEST_DATA_DIR) + "/torch_snapshots/" + name; }
 
 nlohmann::json json_of(const std::string& args, int expect_code = 0) {
-  CmdResult r = run_ampforge(args + " --json", false);
-  EXPECT_EQ(r.code, expect_code) << args << "\n" << r.out;
-  try {
-    return nlohmann::json::parse(r.out);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not one JSON object: " << e.what() << "\n" << r.out;
-    return {};
-  }
+  return ampforge::cli::testing::run_ampforge_json(args + " --json", expect_code);
 }
 
 TEST(MemoryTorchCli, ReplayReportsEveryPolicyCalibrationAndSites) {
