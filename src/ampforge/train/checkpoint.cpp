@@ -1,5 +1,8 @@
 #include "ampforge/train/checkpoint.h"
 
+#include <optional>
+#include <string_view>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -44,9 +47,9 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const opt
   // The file holds host bytes: device tensors are copied to the CPU (the one synchronisation of a save).
   auto host = [](const Tensor& t) { return t.device().is_cpu() ? t : ops::to_device(t, kCPU); };
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [n, t] : model.state_dict()) tensors.emplace_back("model." + n, host(t));
-  for (auto& [n, t] : optimizer_state) tensors.emplace_back("optim." + n, host(t));
-  for (auto& [n, t] : info.ema) tensors.emplace_back("ema." + n, host(t));
+  for (auto& [n, t] : model.state_dict()) tensors.emplace_back(checkpoint::kModelPrefix + n, host(t));
+  for (auto& [n, t] : optimizer_state) tensors.emplace_back(checkpoint::kOptimizerPrefix + n, host(t));
+  for (auto& [n, t] : info.ema) tensors.emplace_back(checkpoint::kEmaPrefix + n, host(t));
   nlohmann::json pos = {{"epoch", info.pos.epoch}, {"batch_in_epoch", info.pos.batch_in_epoch},
                         {"global_step", info.pos.global_step}};
   nlohmann::json rng = {{"seed", std::to_string(info.rng.seed)}, {"offset", std::to_string(info.rng.offset)}};
@@ -100,9 +103,13 @@ CheckpointInfo load_checkpoint(const std::string& path, nn::Module& model, optim
   }
   std::vector<std::pair<std::string, Tensor>> model_state, opt_state;
   for (auto& [n, t] : file.tensors) {
-    if (n.rfind("model.", 0) == 0) model_state.emplace_back(n.substr(6), t);
-    else if (n.rfind("optim.", 0) == 0) opt_state.emplace_back(n.substr(6), t);
-    else if (n.rfind("ema.", 0) == 0) info.ema.emplace_back(n.substr(4), t);
+    const auto strip = [&n = n](std::string_view prefix) -> std::optional<std::string> {
+      if (n.rfind(prefix, 0) != 0) return std::nullopt;
+      return n.substr(prefix.size());
+    };
+    if (auto m = strip(checkpoint::kModelPrefix)) model_state.emplace_back(*m, t);
+    else if (auto o = strip(checkpoint::kOptimizerPrefix)) opt_state.emplace_back(*o, t);
+    else if (auto e = strip(checkpoint::kEmaPrefix)) info.ema.emplace_back(*e, t);
     else AF_THROW(Io, "checkpoint '{}' has an unexpected tensor '{}'", path, n);
   }
   try {
