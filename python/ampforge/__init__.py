@@ -76,7 +76,7 @@ from ._core import (  # noqa: F401  (re-exported)
 )
 from ._tensor import from_dlpack, from_numpy, tensor  # noqa: F401
 from .autograd import enable_grad, no_grad, set_grad_enabled  # noqa: F401
-from . import amp, data, memory, models, nn, optim, train  # noqa: F401
+from . import amp, cuda, data, memory, models, nn, optim, train  # noqa: F401
 from .amp import autocast  # noqa: F401
 
 

@@ -40,7 +40,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         if arr.dtype == _np.float16 and dtype is None:
             want = _core.float16
         np_dtype = _NUMPY_OF.get(want, _np.float32)  # bfloat16: via float32
-        t = _core._from_dlpack_copy(_np.ascontiguousarray(arr, dtype=np_dtype))
+        t = _core._from_dlpack_copy(_np.array(arr, dtype=np_dtype, order="C"))  # keeps 0-d arrays 0-d
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     if device is not None:

@@ -64,8 +64,7 @@ class PythonDataset final : public Dataset {
       t = nb::cast<af::Tensor>(x).detach();
       if (!t.device().is_cpu()) t = t.to(af::kCPU);
     } else {
-      static nb::object asarray = nb::module_::import_("numpy").attr("ascontiguousarray");
-      nb::object a = asarray(x, nb::arg("dtype") = "float32");
+      nb::object a = nb::module_::import_("numpy").attr("ascontiguousarray")(x, nb::arg("dtype") = "float32");
       t = nb::cast<af::Tensor>(nb::module_::import_("ampforge").attr("from_numpy")(a)).clone();
     }
     int64_t label = 0;

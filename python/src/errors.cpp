@@ -5,6 +5,8 @@
 //   OutOfMemory                                      -> ampforge.OutOfMemoryError (a RuntimeError, as torch's)
 //   Interrupted                                      -> KeyboardInterrupt
 //   Internal (a bug)                                 -> RuntimeError
+#include <strings.h>
+
 #include <cstring>
 
 #include "common.h"
@@ -15,7 +17,7 @@ namespace {
 PyObject* g_out_of_memory = nullptr;
 
 bool says_missing(const char* msg) {
-  return std::strstr(msg, "No such file or directory") != nullptr || std::strstr(msg, "does not exist") != nullptr;
+  return strcasestr(msg, "no such file") != nullptr || std::strstr(msg, "does not exist") != nullptr;
 }
 }  // namespace
 

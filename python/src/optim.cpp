@@ -48,6 +48,7 @@ std::vector<af::optim::ParamGroupSpec> groups_from(nb::handle params) {
 
 // One entry of Optimizer.param_groups: group['lr'] reads and sets the group's learning rate, as in PyTorch.
 struct GroupRef {
+  nb::object owner;  // the optimizer's Python object, kept alive by this reference
   Optimizer* opt;
   size_t index;
   af::optim::ParamGroup& g() const {
@@ -75,7 +76,11 @@ void group_set(GroupRef& r, const std::string& key, double v) {
 
 // A PyTorch-style scheduler over the C++ schedule: step() advances one step (or epoch) and sets every group's lr.
 struct Scheduler {
-  Scheduler(Optimizer& opt, af::optim::ScheduleOptions o) : opt(&opt), s(opt, o) { s.apply(0); }
+  Scheduler(nb::handle owner, Optimizer& opt, af::optim::ScheduleOptions o)
+      : owner(nb::borrow(owner)), opt(&opt), s(opt, o) {
+    s.apply(0);
+  }
+  nb::object owner;  // the optimizer's Python object, kept alive while the scheduler is
   Optimizer* opt;
   af::optim::LRScheduler s;
   int64_t last_epoch = 0;
@@ -115,12 +120,12 @@ void init_optim(nb::module_& m) {
            "Zeroes every gradient (lazily: the next backward overwrites them). Gradients are never None in ampforge: "
            "set_to_none is accepted and has no effect.")
       .def_prop_ro("param_groups",
-                   [](Optimizer& o) {
+                   [](nb::handle self) {
+                     Optimizer& o = nb::cast<Optimizer&>(self);
                      std::vector<GroupRef> v;
-                     for (size_t i = 0; i < o.param_groups().size(); ++i) v.push_back({&o, i});
+                     for (size_t i = 0; i < o.param_groups().size(); ++i) v.push_back({nb::borrow(self), &o, i});
                      return v;
-                   },
-                   nb::rv_policy::move, nb::keep_alive<0, 1>())
+                   })
       .def("state_dict",
            [](const Optimizer& o) {
              nb::dict d;
@@ -176,17 +181,17 @@ void init_optim(nb::module_& m) {
   nb::class_<Scheduler>(m, "LRScheduler",
                         "LR schedule over the optimizer's steps (or epochs): call step() after optimizer.step().")
       .def("__init__",
-           [](Scheduler* self, Optimizer& opt, const std::string& kind, int64_t total_steps, int64_t step_size,
+           [](Scheduler* self, nb::handle optimizer, const std::string& kind, int64_t total_steps, int64_t step_size,
               double gamma, double min_lr, double final_factor, int64_t warmup_steps) {
              af::optim::ScheduleOptions o;
              o.kind = af::optim::schedule_from_string(kind);
              o.total_steps = total_steps, o.step_size = step_size, o.gamma = gamma, o.min_lr = min_lr;
              o.final_factor = final_factor, o.warmup_steps = warmup_steps;
-             new (self) Scheduler(opt, o);
+             new (self) Scheduler(optimizer, nb::cast<Optimizer&>(optimizer), o);
            },
            nb::arg("optimizer"), nb::arg("kind") = "constant", nb::arg("total_steps") = 0, nb::arg("step_size") = 0,
            nb::arg("gamma") = 0.1, nb::arg("min_lr") = 0.0, nb::arg("final_factor") = 0.0,
-           nb::arg("warmup_steps") = 0, nb::keep_alive<1, 2>())
+           nb::arg("warmup_steps") = 0)
       .def("step", &Scheduler::step)
       .def("get_last_lr", &Scheduler::last_lr)
       .def_ro("last_epoch", &Scheduler::last_epoch);

@@ -48,6 +48,9 @@ af::Tensor index_view(const af::Tensor& t, nb::handle idx) {
   bool ellipsis = false;
   for (nb::handle h : items) {
     if (h.is_none()) continue;
+    if (nb::isinstance<af::Tensor>(h))
+      throw nb::type_error("ampforge indexes with ints, slices (step > 0), None and '...'; tensor indices have no "
+                           "view in the C++ API");
     if (h.ptr() == Py_Ellipsis) {
       if (ellipsis) throw nb::index_error("an index can only have a single ellipsis ('...')");
       ellipsis = true;

@@ -25,8 +25,7 @@ namespace ampforge::python {
 namespace {
 
 nb::object json_to_python(const nlohmann::json& j) {
-  static nb::object loads = nb::module_::import_("json").attr("loads");
-  return loads(j.dump());
+  return nb::module_::import_("json").attr("loads")(j.dump());
 }
 
 int64_t bytes_from(nb::handle h, const char* what) {
@@ -119,6 +118,15 @@ void init_tools(nb::module_& m) {
           return d;
         },
         nb::arg("name"));
+
+  // ---- devices -------------------------------------------------------------------------------------------------
+  m.def("cuda_device_count", [] { return af::runtime::device_runtime(af::DeviceType::CUDA).device_count(); });
+  m.def("synchronize",
+        [](std::optional<af::Device> d) {
+          EngineCall call;
+          af::runtime::synchronize(d.value_or(af::Device(af::DeviceType::CUDA, 0)));
+        },
+        nb::arg("device") = nb::none());
 
   // ---- threads -------------------------------------------------------------------------------------------------
   m.def("get_num_threads", &af::get_num_threads);
