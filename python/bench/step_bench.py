@@ -1,0 +1,153 @@
+"""What Python costs: the small CNN's training step (AdamW, Fashion-MNIST-shaped batch, channels-last) timed
+  (1) in the C++ step loop (ampforge.bench: train_step, what the Trainer runs),
+  (2) driven from Python: the brief's loop (autocast, GradScaler for fp16, backward, step, update, zero_grad) over the
+      registry's C++ model, and over the same network written as a Python nn.Module subclass,
+  (3) in PyTorch's eager Python loop on the same network, batch, optimizer and thread count (when torch imports).
+A benchmark, not a test: it prints a Markdown table (median ms per step; rounds alternate the variants so that a
+machine whose speed drifts affects them alike) and the command, CPU and threads to record with it.
+
+    .venv-peer/bin/python python/bench/step_bench.py               # with PyTorch 2.14 (PYTHONPATH: the package)
+    .venv/bin/python python/bench/step_bench.py --precisions fp32  # ampforge only
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import ampforge as af
+import ampforge.nn.functional as F
+from ampforge import nn
+
+try:
+    import torch
+except ImportError:  # the PyTorch column is left out, and says so
+    torch = None
+
+
+class PyCNN(nn.Module):
+    """The registry's `cnn` (models/small.cpp) as a Python subclass: same layers, same state-dict layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def ampforge_loop(model, x, y, precision, steps):
+    opt = af.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = af.amp.GradScaler(enabled=precision == "fp16")
+    dtype = {"fp16": af.float16, "bf16": af.bfloat16}.get(precision)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with af.autocast("cpu", dtype=dtype or af.bfloat16, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        loss.item()  # the step's result reaches the host, as the Trainer's CPU step reads its loss
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def torch_loop(x_np, y_np, precision, steps):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
+        torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64 * 7 * 7, 128),
+        torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(memory_format=torch.channels_last)
+    x = torch.from_numpy(x_np).contiguous(memory_format=torch.channels_last)
+    y = torch.from_numpy(y_np)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--precisions", default="fp32,bf16,fp16")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant and round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="0: ampforge's default (every core)")
+    args = p.parse_args()
+    if args.threads:
+        af.set_num_threads(args.threads)
+    threads = af.get_num_threads()
+    if torch is not None:
+        torch.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
+    y_np = (np.arange(args.batch) % 10).astype(np.int64)
+    x = af.from_numpy(x_np).contiguous(channels_last=True)
+    y = af.from_numpy(y_np)
+
+    print(f"# step_bench: batch {args.batch}, {threads} threads, {args.rounds} rounds x {args.steps} steps, "
+          f"{cpu_model()}, ampforge {af.__version__}, torch {torch.__version__ if torch else 'not installed'}")
+    print(f"# command: {os.path.basename(sys.executable)} {' '.join(sys.argv)}")
+    header = "| precision | C++ step loop (ms) | Python loop, C++ model (ms) | Python loop, Python module (ms) | " \
+             "Python / C++ | PyTorch eager (ms) | PyTorch / ampforge Python |"
+    print(header)
+    print("|---|---|---|---|---|---|---|")
+    for precision in args.precisions.split(","):
+        cpp, py_cpp, py_py, pt = [], [], [], []
+        for _ in range(args.rounds):
+            r = af.bench("cnn", batch=args.batch, precision=precision, steps=args.steps, warmup=args.warmup,
+                         optimizer="adamw", channels_last=True)
+            cpp += r["step_seconds"]
+            af.manual_seed(0)
+            py_cpp += ampforge_loop(af.models.create("cnn"), x, y, precision, args.warmup + args.steps)[args.warmup:]
+            af.manual_seed(0)
+            py_py += ampforge_loop(PyCNN(), x, y, precision, args.warmup + args.steps)[args.warmup:]
+            if torch is not None:
+                torch.manual_seed(0)
+                pt += torch_loop(x_np, y_np, precision, args.warmup + args.steps)[args.warmup:]
+        med = {k: statistics.median(v) * 1e3 for k, v in
+               {"cpp": cpp, "py_cpp": py_cpp, "py_py": py_py, "pt": pt}.items() if v}
+        ratio = med["py_cpp"] / med["cpp"]
+        pt_cell = f"{med['pt']:.1f}" if "pt" in med else "n/a (no torch)"
+        pt_ratio = f"{med['pt'] / med['py_cpp']:.2f}x" if "pt" in med else "n/a"
+        print(f"| {precision} | {med['cpp']:.1f} | {med['py_cpp']:.1f} | {med['py_py']:.1f} | "
+              f"{ratio:.3f} ({(ratio - 1) * 100:+.1f}%) | {pt_cell} | {pt_ratio} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
