@@ -25,8 +25,11 @@ class PythonDataset final : public Dataset {
     const auto [x, y] = item(0);
     shape_ = x.shape();
     if (shape_.empty()) shape_ = af::Shape{1};
-    if (nb::hasattr(obj, "num_classes")) classes_ = nb::cast<int64_t>(obj.attr("num_classes"));
-    else if (nb::hasattr(obj, "classes")) classes_ = static_cast<int64_t>(nb::len(nb::object(obj.attr("classes"))));
+    // getattr_static: a subclass of ampforge.data.Dataset must not run the C++ base's properties (never constructed).
+    nb::object get_static = nb::module_::import_("inspect").attr("getattr_static");
+    nb::object n = get_static(obj, "num_classes", nb::none()), c = get_static(obj, "classes", nb::none());
+    if (PyLong_Check(n.ptr())) classes_ = nb::cast<int64_t>(n);
+    else if (PySequence_Check(c.ptr())) classes_ = static_cast<int64_t>(nb::len(c));
     name_ = nb::type_name(obj.type()).c_str();
   }
   int64_t size() const override { return n_; }
@@ -87,7 +90,9 @@ thread_local PythonDataset::Last PythonDataset::last_;
 
 // A data::Dataset for a Python object: itself when it is an ampforge data set, else a PythonDataset over it.
 std::shared_ptr<const Dataset> as_dataset(nb::handle obj) {
-  if (nb::isinstance<Dataset>(obj)) return nb::cast<std::shared_ptr<Dataset>>(obj);
+  // A Python subclass of ampforge.data.Dataset that defines __len__/__getitem__ (and never constructed the C++ base)
+  // is a Python data set.
+  if (nb::isinstance<Dataset>(obj) && nb::inst_ready(obj)) return nb::cast<std::shared_ptr<Dataset>>(obj);
   if (!nb::hasattr(obj, "__len__") || !nb::hasattr(obj, "__getitem__"))
     throw nb::type_error("expected an ampforge data set or an object with __len__ and __getitem__");
   return std::make_shared<PythonDataset>(obj);

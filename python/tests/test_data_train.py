@@ -57,6 +57,24 @@ def test_python_dataset_through_the_loader():
     assert [b[1].tolist() for b in again] == first  # the order depends on (seed, epoch) only
 
 
+class SquaresSubclass(af.data.Dataset):
+    """torch.utils.data.Dataset's pattern: subclass the base, define __len__ and __getitem__."""
+
+    def __init__(self):
+        self.inner = Squares(40)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+
+def test_dataset_subclass_in_python():
+    xb, yb = next(iter(af.data.DataLoader(SquaresSubclass(), batch_size=40)))
+    assert xb.shape == (40, 2) and yb.tolist() == SquaresSubclass().inner.y.tolist()
+
+
 class Mlp(nn.Module):
     def __init__(self):
         super().__init__()
