@@ -1,5 +1,5 @@
-"""The brief's mixed-precision training loop, in Python, on ampforge: a CNN on Fashion-MNIST with AdamW, autocast and
-a GradScaler, written as a PyTorch user writes it.
+"""The brief's mixed-precision training loop, in Python, on ampforge: a CNN on Fashion-MNIST with AdamW (cosine
+learning-rate decay), autocast and a GradScaler, written as a PyTorch user writes it.
 
     python examples/python/train_amp.py                      # float16 with the GradScaler, 3 epochs
     python examples/python/train_amp.py --precision bf16     # bfloat16 (no scaler needed: float32's exponent range)
@@ -74,6 +74,8 @@ def main():
 
     model = Net().to(device)
     optimizer = af.optim.AdamW(model.parameters(), lr=args.lr)
+    steps = args.epochs * (len(loader) if args.max_steps < 0 else min(args.max_steps, len(loader)))
+    scheduler = af.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)  # per step, down to 0
     scaler = af.amp.GradScaler(enabled=dtype == af.float16)  # bf16 keeps float32's range: no loss scaling
 
     print(f"ampforge {af.__version__}: {sum(p.numel() for p in model.parameters())} parameters, {args.precision}, "
@@ -91,6 +93,7 @@ def main():
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad()
+            scheduler.step()
             seen += y.shape[0]
             if step % 100 == 0 or step == len(loader) - 1:
                 rate = seen / (time.perf_counter() - start)

@@ -1,4 +1,6 @@
 """ampforge.Tensor: metadata, creation, operators, indexing, autograd, conversions, NumPy sharing, dtype round trips."""
+import time
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,28 @@ def test_numpy_view_outlives_rebinding():
         p.mul_(3)
     assert p.tolist() == [3.0] * 4
     assert view.tolist() == [1.0] * 4  # the old storage is kept alive, not freed under the array
+
+
+def test_long_calls_release_the_gil():
+    import threading
+
+    counter, stop = [0], [False]
+
+    def spin():
+        while not stop[0]:
+            counter[0] += 1
+
+    a = af.randn(1024, 1024)
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        advanced = []
+        for _ in range(3):
+            before = counter[0]
+            a @ a  # one product: ~0.1 s on 2 cores, run without the GIL
+            advanced.append(counter[0] - before)
+    finally:
+        stop[0] = True
+        worker.join()
+    assert max(advanced) > 1000, advanced  # the Python thread ran during the product
