@@ -50,17 +50,16 @@ int run_detect(const DetectArgs& given) {
   AF_CHECK(a.model.size() == 7 && a.model.rfind("yolov8", 0) == 0, "--model must be yolov8n|s|m|l|x, got '{}'", a.model);
   AF_CHECK(a.image_size >= 32 && a.image_size % 32 == 0, "--image-size must be a positive multiple of 32, got {}",
            a.image_size);
-  const std::string bias_key = ck.contains("model.model.22.cv3.0.2.bias") ? "model.model.22.cv3.0.2.bias"
-                                                                           : "model.22.cv3.0.2.bias";
-  AF_CHECK(ck.contains(bias_key), "{}: not a YOLOv8 checkpoint (no {})", a.checkpoint, bias_key);
-  const int64_t nc = ck.at(bias_key).shape()[0];
+  // A training checkpoint: its weight average when the run kept one (what its mAP was measured on); else a state dict
+  // under Ultralytics' names.
+  const nn::NamedTensors weights =
+      checkpoint::is_checkpoint(ck.metadata) ? checkpoint::model_weights(ck.tensors) : ck.tensors;
+  const char* bias_key = "model.22.cv3.0.2.bias";  // the last class conv of the first level: (nc)
+  const auto bias = std::find_if(weights.begin(), weights.end(), [&](const auto& kv) { return kv.first == bias_key; });
+  AF_CHECK(bias != weights.end(), "{}: not a YOLOv8 checkpoint (no {})", a.checkpoint, bias_key);
+  const int64_t nc = bias->second.shape()[0];
   auto model = models::yolov8(a.model[6], nc, 3);
-  nn::LoadOptions lo;
-  // A training checkpoint: its weight average when the run kept one (what its mAP was measured on).
-  lo.prefix = bias_key.rfind("model.model.", 0) != 0 ? ""
-              : ck.contains("ema.model.22.cv3.0.2.bias") ? "ema."
-                                                          : "model.";
-  nn::load_state_dict(*model, ck.tensors, lo);  // strict: throws listing every mismatch
+  nn::load_state_dict(*model, weights, nn::LoadOptions{});  // strict: throws listing every mismatch
   model->eval();
   std::vector<std::string> names;
   if (!a.data.empty()) names = data::read_detection_data_file(a.data).names;

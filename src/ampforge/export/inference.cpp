@@ -1,6 +1,6 @@
 #include "ampforge/export/inference.h"
 
-#include "ampforge/models/bert.h"
+#include "ampforge/models/task_models.h"
 
 #include "ampforge/core/checkpoint_format.h"
 #include "ampforge/core/safetensors.h"
@@ -101,19 +101,19 @@ InferenceModel load_inference_model(const InferenceModelOptions& given) {
 
 Signature signature_for(const InferenceModel& m, int64_t batch) {
   const bool tokens = takes_tokens(*m.entry);
-  if (tokens && dynamic_cast<models::BertForMaskedLM*>(m.model.get()) != nullptr) {
+  if (tokens && models::model_as_or_null<models::MaskedLanguageModel>(*m.model) != nullptr) {
     // BERT as Hugging Face exports it: input_ids and attention_mask (1 keep, 0 padding), both int64.
     Signature s;
     s.inputs = {{"input_ids", Shape{batch, m.seq_len}, DType::I64}, {"attention_mask", Shape{batch, m.seq_len}, DType::I64}};
     if (m.task == "feature-extraction") {
       s.outputs = {"last_hidden_state"};
       s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).bert->encode(in.at(0), in.at(1))};
+        return std::vector<Tensor>{models::model_as<models::MaskedLanguageModel>(model, "export").encode(in.at(0), in.at(1))};
       };
     } else {
       s.outputs = {"logits"};
       s.run = [](nn::Module& model, const std::vector<Tensor>& in) {
-        return std::vector<Tensor>{static_cast<models::BertForMaskedLM&>(model).logits(in.at(0), in.at(1))};
+        return std::vector<Tensor>{models::model_as<models::MaskedLanguageModel>(model, "export").logits(in.at(0), in.at(1))};
       };
     }
     return s;

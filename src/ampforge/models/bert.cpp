@@ -253,7 +253,7 @@ Tensor BertLMPredictionHead::forward(const Tensor& h) {                       //
 }
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c)
-    : Module("BertForMaskedLM"), masked_positions_only(c.mlm_masked_positions_only) {
+    : MaskedLanguageModel("BertForMaskedLM"), masked_positions_only(c.mlm_masked_positions_only) {
   bert = register_module("bert", std::make_shared<BertModel>(c, /*add_pooling_layer=*/false));
   auto head = std::make_shared<Container>("BertOnlyMLMHead");
   predictions = head->add("predictions",

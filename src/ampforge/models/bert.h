@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/models/task_models.h"
 #include "ampforge/nn/layers.h"
 
 namespace ampforge::models {
@@ -162,7 +163,7 @@ class BertLMPredictionHead : public nn::Module {
   Tensor decoder_weight;  // = bert.embeddings.word_embeddings.weight
 };
 
-class BertForMaskedLM : public nn::Module {
+class BertForMaskedLM : public MaskedLanguageModel {
  public:
   explicit BertForMaskedLM(const BertConfig& c);
 
@@ -170,12 +171,18 @@ class BertForMaskedLM : public nn::Module {
   // flattened (B * T) tokens: the hidden rows are gathered before the head, so the V-wide GEMM runs on M rows
   // only, (M, V). Inputs as BertModel::encode.
   Tensor logits(const Tensor& input_ids, const Tensor& attention_mask = Tensor(), const Tensor& positions = Tensor(),
-                const Tensor& token_type_ids = Tensor());
+                const Tensor& token_type_ids = Tensor()) override;
   // HF's masked-LM loss: cross-entropy over the tokens whose label is not -100 (mean), labels (B, T) I64.
   // With masked_positions_only the decoder runs only at those positions (their indices are read
   // back to the host to size the gather: one synchronisation on a device). Same value either way.
   // meta_rows: on the meta device, how many rows are masked (masked_targets below); unused elsewhere.
-  Tensor mlm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels, int64_t meta_rows = -1);
+  Tensor mlm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
+                  int64_t meta_rows = -1) override;
+  // bert->encode(input_ids, attention_mask): the last hidden state (B, T, H).
+  Tensor encode(const Tensor& input_ids, const Tensor& attention_mask = Tensor()) override {
+    return bert->encode(input_ids, attention_mask);
+  }
+  int64_t vocab_size() const override { return config().vocab_size; }
   // Module interface: logits(input_ids) for every position, no mask.
   Tensor forward(const Tensor& input_ids) override;
 

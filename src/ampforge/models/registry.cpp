@@ -100,6 +100,7 @@ ModelEntry bert_entry(const std::string& preset, const std::string& description)
                [config](const ModelOptions& o) -> nn::ModulePtr { return std::make_shared<BertForMaskedLM>(config(o)); },
                {}, {}};
   e.from_reference_state = [](const nn::NamedTensors& s) { return bert_state_from_hf(s); };
+  e.max_input_length = bert_config(preset).max_position_embeddings;
   e.counts = [config] {
     const BertConfig c = config(bert_defaults());
     return std::vector<ParameterCount>{{"BertModel with pooler", BertModel(c, true).num_parameters()},

@@ -46,6 +46,8 @@ struct ModelEntry {
   // Hugging Face BERT checkpoint's legacy names and tied duplicates) to this model's names. Unset: the names
   // already match (torchvision, Ultralytics). Applied by `train --weights`, `models --load`, export and predict.
   std::function<nn::NamedTensors(const nn::NamedTensors&)> from_reference_state;
+  // Token-id models: the longest input sequence (the position table); 0: no limit.
+  int64_t max_input_length = 0;
 
   // from_reference_state(state) when set, else state.
   nn::NamedTensors reference_state(const nn::NamedTensors& state) const {

@@ -175,7 +175,7 @@ void Detect::bias_init() {
 }
 
 // ---- the model ---------------------------------------------------------------------------------------------------
-DetectionModel::DetectionModel(const YoloOptions& opt) : Module("DetectionModel"), opt_(opt) {
+DetectionModel::DetectionModel(const YoloOptions& opt) : Detector("DetectionModel"), opt_(opt) {
   AF_CHECK(opt.num_classes >= 1 && opt.in_channels >= 1, "yolov8: num_classes and in_channels must be positive, got {} "
            "and {}", opt.num_classes, opt.in_channels);
   AF_CHECK(opt.depth > 0 && opt.width > 0 && opt.max_channels > 0, "yolov8: depth, width and max_channels must be "

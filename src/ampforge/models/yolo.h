@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ampforge/models/task_models.h"
 #include "ampforge/nn/layers.h"
 
 namespace ampforge::models {
@@ -106,18 +107,21 @@ class Detect : public nn::Module {
 // forward(x), x (B, C, H, W) with H and W multiples of 32 (any size >= 32 runs; the anchors follow the maps):
 //   training mode -> (B, 64 + nc, A) raw outputs of the three levels, flattened and concatenated (A = sum H_i W_i)
 //   eval mode     -> (B, 4 + nc, A) decoded: boxes (cx, cy, w, h) in pixels, class probabilities
-class DetectionModel : public nn::Module {
+class DetectionModel : public Detector {
  public:
   explicit DetectionModel(const YoloOptions& opt = {});
   Tensor forward(const Tensor& x) override;
   // The three level outputs (B, 64 + nc, H_i, W_i) (whatever the mode).
   std::vector<Tensor> forward_levels(const Tensor& x);
   // Training-mode output layout, whatever the mode: (B, 64 + nc, A).
-  Tensor forward_raw(const Tensor& x);
+  Tensor forward_raw(const Tensor& x) override;
+  Tensor decode(const Tensor& raw, const std::vector<std::pair<int64_t, int64_t>>& sizes) override {
+    return detect->decode(raw, sizes);
+  }
   // The level sizes (H_i, W_i) the network produces for an input of h x w (each stride-2 conv: ceil(h / 2)).
-  std::vector<std::pair<int64_t, int64_t>> level_sizes(int64_t h, int64_t w) const;
-  const std::vector<double>& strides() const { return detect->strides; }
-  int64_t num_classes() const { return opt_.num_classes; }
+  std::vector<std::pair<int64_t, int64_t>> level_sizes(int64_t h, int64_t w) const override;
+  const std::vector<double>& strides() const override { return detect->strides; }
+  int64_t num_classes() const override { return opt_.num_classes; }
   const YoloOptions& options() const { return opt_; }
 
   std::shared_ptr<nn::Sequential> model;

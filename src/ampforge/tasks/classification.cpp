@@ -3,6 +3,7 @@
 #include "ampforge/autograd/functions.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/tasks/device_sum.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge::tasks {
@@ -15,24 +16,6 @@ void check_batch(const Tensor& logits, const data::Batch& b) {
   AF_CHECK(b.y.defined() && b.y.dim() == 1 && b.y.shape()[0] == logits.shape()[0],
            "classification: labels must be (N) class indices matching the {} logits rows", logits.shape()[0]);
 }
-
-// A sum over evaluation batches: on a device it stays there (F32: exact for counts below 2^24) and is read
-// once; on the CPU it is read per batch into a double (nothing to save, and the sum is exact).
-class DeviceSum {
- public:
-  void add(const Tensor& v) {
-    if (v.device().is_cpu()) host_ += v.item();
-    else dev_ = dev_.defined() ? ops::add(dev_, v) : v;
-    used_ = true;
-  }
-  bool used() const { return used_; }
-  double value() const { return host_ + (dev_.defined() ? dev_.item() : 0.0); }
-
- private:
-  double host_ = 0;
-  Tensor dev_;
-  bool used_ = false;
-};
 
 // Sums over evaluation batches, read once in result().
 class ClassificationEvaluator final : public Evaluator {

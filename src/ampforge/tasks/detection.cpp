@@ -34,12 +34,7 @@ float iou_threshold(int k) { return static_cast<float>(0.5 + 0.05 * k); }
 // which matters where np.interp reads a step of the precision envelope).
 double linspace01(int i, int n) { return i == n - 1 ? 1.0 : static_cast<double>(i) * (1.0 / (n - 1)); }
 
-models::DetectionModel& detection_model(nn::Module& model) {
-  auto* m = dynamic_cast<models::DetectionModel*>(&model);
-  AF_CHECK(m != nullptr, "detection: the model must be a YOLOv8 DetectionModel (--model yolov8n ...), got {}",
-           model.type_name());
-  return *m;
-}
+models::Detector& detector(nn::Module& model) { return models::model_as<models::Detector>(model, "detection"); }
 
 // Targets of image b (rows (class, cx, cy, w, h) normalised) as pixel boxes of an h x w input.
 // As DetectionValidator._prepare_batch: xywh2xyxy of the normalised box, then times the image size.
@@ -295,7 +290,7 @@ DetectionTask::DetectionTask(DetectionTaskOptions opt) : opt_(opt) {
 }
 
 Tensor DetectionTask::loss(nn::Module& model, const data::Batch& batch) {
-  models::DetectionModel& m = detection_model(model);
+  models::Detector& m = detector(model);
   AF_CHECK(batch.targets.defined(), "detection: the batch has no targets (use a detection dataset)");
   const int64_t H = batch.x.shape()[2], W = batch.x.shape()[3];
   const Tensor raw = m.forward_raw(batch.x);
@@ -308,7 +303,7 @@ class DetectionEvaluator final : public Evaluator {
  public:
   explicit DetectionEvaluator(const DetectionTaskOptions& opt) : opt_(opt) {}
   void add(nn::Module& model, const data::Batch& batch) override {
-    models::DetectionModel& m = detection_model(model);
+    models::Detector& m = detector(model);
     AF_CHECK(batch.targets.defined(), "detection: the batch has no targets (use a detection dataset)");
     if (!metrics_) metrics_ = std::make_unique<DetectionMetrics>(m.num_classes());
     const int64_t B = batch.x.shape()[0], H = batch.x.shape()[2], W = batch.x.shape()[3];
@@ -316,7 +311,7 @@ class DetectionEvaluator final : public Evaluator {
     const Tensor raw = m.forward_raw(batch.x);
     const DetectionLossResult l = detection_loss(raw, sizes, m.strides(), batch.targets, H, W, opt_.loss);
     box_ += l.box, cls_ += l.cls, dfl_ += l.dfl, ++batches_;
-    const Tensor dec = contiguous(to(to(m.detect->decode(raw, sizes), kCPU), DType::F32));  // (B, 4 + nc, A)
+    const Tensor dec = contiguous(to(to(m.decode(raw, sizes), kCPU), DType::F32));  // (B, 4 + nc, A)
     const Tensor tg = contiguous(to(to(batch.targets, kCPU), DType::F32));
     const int64_t per = dec.shape()[1] * dec.shape()[2], T = tg.shape()[1];
     for (int64_t b = 0; b < B; ++b) {

@@ -9,7 +9,7 @@
 //   batch, gains applied, not multiplied by the batch size — Ultralytics' loss items). The evaluator's details
 //   (Evaluator::details) are the per-class table Ultralytics' validator prints: DetectionMetrics::summary().
 // Batches carry targets (B, T, 5) rows (class, cx, cy, w, h) normalised to the example (data::Batch::targets).
-// The model must be a models::DetectionModel.
+// The model must implement models::Detector (models/task_models.h), as models::DetectionModel does.
 //
 // The loss reads back to the host (the assigner, see detection_loss.h), so a CUDA step with it is not graph-capturable.
 #pragma once
@@ -17,8 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "ampforge/tasks/detection_loss.h"
 #include "ampforge/models/registry.h"
+#include "ampforge/models/task_models.h"
+#include "ampforge/tasks/detection_loss.h"
 #include "ampforge/tasks/task.h"
 
 namespace ampforge::tasks {
@@ -106,6 +107,9 @@ class DetectionTask final : public Task {
   Tensor loss(nn::Module& model, const data::Batch& batch) override;
   std::unique_ptr<Evaluator> evaluator() const override;
   std::string primary_metric() const override { return "map50"; }
+  std::string model_mismatch(nn::Module& model) const override {
+    return models::interface_mismatch<models::Detector>(model, name());
+  }
   std::string cuda_graph_obstacle() const override {
     return "the detection loss assigns targets to anchors on the host (it copies the predictions there)";
   }

@@ -7,18 +7,17 @@
 #include "ampforge/autograd/node.h"
 #include "ampforge/core/generator.h"
 #include "ampforge/models/bert.h"
+#include "ampforge/models/task_models.h"
 #include "ampforge/ops/ops.h"
+#include "ampforge/tasks/device_sum.h"
 #include "ampforge/util/error.h"
 
 namespace ampforge::tasks {
 
 namespace {
 
-models::BertForMaskedLM& as_bert(nn::Module& model) {
-  auto* bert = dynamic_cast<models::BertForMaskedLM*>(&model);
-  AF_CHECK(bert != nullptr, "masked_lm: the model must be a BertForMaskedLM (bert-base, bert-mini, bert-tiny), got {}",
-           model.type_name());
-  return *bert;
+models::MaskedLanguageModel& as_mlm(nn::Module& model) {
+  return models::model_as<models::MaskedLanguageModel>(model, "masked_lm");
 }
 
 void check_ids(const Tensor& x) {
@@ -30,32 +29,18 @@ void check_ids(const Tensor& x) {
 Tensor f32(const Tensor& b) { return ops::to_dtype(b, DType::F32); }
 Tensor is_set(const Tensor& f) { return ops::compare(OpId::gt, f, ops::full({}, 0.5, DType::F32, f.device())); }
 
-// A sum over evaluation batches, kept on the device and read once (on the CPU read per batch: exact in double).
-class DeviceSum {
- public:
-  void add(const Tensor& v) {
-    if (v.device().is_cpu()) host_ += v.item();
-    else dev_ = dev_.defined() ? ops::add(dev_, v) : v;
-  }
-  double value() const { return host_ + (dev_.defined() ? dev_.item() : 0.0); }
-
- private:
-  double host_ = 0;
-  Tensor dev_;
-};
-
 class MaskedLMEvaluator final : public Evaluator {
  public:
   explicit MaskedLMEvaluator(const MaskedLMOptions& opt) : opt_(opt), gen_(opt.eval_seed) {}
 
   void add(nn::Module& model, const data::Batch& b) override {
     check_ids(b.x);
-    models::BertForMaskedLM& bert = as_bert(model);
+    models::MaskedLanguageModel& mlm = as_mlm(model);
     const MaskedBatch mb = mask_tokens(b.x, opt_, &gen_);
     const models::MaskedTargets m = models::masked_targets(mb.labels);  // (M) positions and labels
     const int64_t count = m.positions.numel();
     if (count == 0) return;
-    Tensor logits = bert.logits(mb.input_ids, mb.attention_mask, m.positions).to(DType::F32);  // (M, V)
+    Tensor logits = mlm.logits(mb.input_ids, mb.attention_mask, m.positions).to(DType::F32);  // (M, V)
     CrossEntropyAttrs ce;
     ce.reduction = Reduction::Sum;
     loss_.add(cross_entropy(logits, m.targets, ce));
@@ -153,11 +138,11 @@ MaskedLMTask::MaskedLMTask(MaskedLMOptions opt) : opt_(std::move(opt)) {
 }
 
 Tensor MaskedLMTask::loss(nn::Module& model, const data::Batch& b) {
-  models::BertForMaskedLM& bert = as_bert(model);
-  AF_CHECK(bert.config().vocab_size == opt_.vocab_size, "masked_lm: the model's vocabulary ({}) differs from the "
-           "data's ({})", bert.config().vocab_size, opt_.vocab_size);
+  models::MaskedLanguageModel& mlm = as_mlm(model);
+  AF_CHECK(mlm.vocab_size() == opt_.vocab_size, "masked_lm: the model's vocabulary ({}) differs from the "
+           "data's ({})", mlm.vocab_size(), opt_.vocab_size);
   const MaskedBatch mb = mask_tokens(b.x, opt_);
-  return bert.mlm_loss(mb.input_ids, mb.attention_mask, mb.labels, meta_masked_rows(b.x.shape(), opt_));
+  return mlm.mlm_loss(mb.input_ids, mb.attention_mask, mb.labels, meta_masked_rows(b.x.shape(), opt_));
 }
 
 std::unique_ptr<Evaluator> MaskedLMTask::evaluator() const { return std::make_unique<MaskedLMEvaluator>(opt_); }

@@ -1,5 +1,6 @@
 // Masked-language-model task (BERT pre-training without next-sentence prediction). A batch's x is (B, T) token
-// ids as floats (data/text_corpus.h); the model must be a models::BertForMaskedLM.
+// ids as floats (data/text_corpus.h); the model must implement models::MaskedLanguageModel
+// (models/task_models.h), as models::BertForMaskedLM does.
 //
 // Dynamic masking (Hugging Face's DataCollatorForLanguageModeling, MODELS.md §B.3), drawn anew for every batch
 // on the batch's device: each token that is not [PAD], [CLS] or [SEP] is selected with probability 0.15; a
@@ -21,6 +22,7 @@
 
 #include "ampforge/core/tensor.h"
 #include "ampforge/models/registry.h"
+#include "ampforge/models/task_models.h"
 #include "ampforge/tasks/task.h"
 
 namespace ampforge::tasks {
@@ -64,6 +66,9 @@ class MaskedLMTask final : public Task {
   Tensor loss(nn::Module& model, const data::Batch& batch) override;
   std::unique_ptr<Evaluator> evaluator() const override;
   std::string primary_metric() const override { return "masked_accuracy"; }
+  std::string model_mismatch(nn::Module& model) const override {
+    return models::interface_mismatch<models::MaskedLanguageModel>(model, name());
+  }
   const MaskedLMOptions& options() const { return opt_; }
 
  private:

@@ -16,6 +16,7 @@
 #include "ampforge/optim/adamw.h"
 #include "ampforge/tasks/registry.h"
 #include "ampforge/train/benchmark.h"
+#include "ampforge/train/recipe.h"
 #include "ampforge/train/trainer.h"
 #include "ampforge/train/workload.h"
 
@@ -156,4 +157,62 @@ TEST(TaskRegistry, ATaskDefinedOutsideTheLibraryRunsThroughTheBenchWorkloadPath)
   EXPECT_GT(r.samples_per_sec, 0);
   EXPECT_TRUE(std::isfinite(r.last_loss));
   EXPECT_NEAR(r.last_loss, std::log(2.0), 0.5) << "a logistic loss near log 2 for an untrained logit";
+}
+
+// `ampforge train`'s own path (train/recipe.h): the task's data sets, recipe and factory come from its entry, so a
+// task the library has never heard of trains by name with no change to train/.
+TEST(TaskRegistry, ATaskDefinedOutsideTheLibraryTrainsByNameThroughTheRecipe) {
+  register_binary_task_and_model();
+  train::TrainConfig c;
+  c.model = "test-logit";
+  c.dataset = "synthetic";  // the entry's default list
+  c.synthetic_classes = 2;
+  c.synthetic_size = 512;
+  c.epochs = 3;
+  c.batch_size = 32;
+  c.lr = 0.05;
+  c.workers = 0;
+  c.progress = c.verbose = false;
+  const train::TrainResult r = train::train(c);
+  EXPECT_EQ(r.task, "binary");
+  EXPECT_EQ(r.primary_metric, "binary_accuracy");
+  EXPECT_GT(tasks::metric_value(r.eval, "binary_accuracy"), 0.7);
+  c.dataset = "fashion-mnist";
+  try {
+    train::train(c);
+    FAIL() << "a data set the task does not list must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("--model test-logit is a binary model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--dataset must be synthetic, got 'fashion-mnist'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A task that needs a model interface (models/task_models.h) refuses another model when the Trainer is made, before
+// any step, naming the interface.
+TEST(TaskRegistry, AModelWithoutTheTasksInterfaceIsRefusedBeforeTraining) {
+  register_binary_task_and_model();
+  const models::ModelEntry& entry = models::model_registry().at("test-logit");
+  train::TrainerOptions o;
+  o.progress = o.verbose = false;
+  auto adamw = [](nn::Module& m) { return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{}); };
+  for (const char* task : {"detection", "masked_lm"}) {
+    const tasks::TaskEntry& t = tasks::task_registry().at(task);
+    try {
+      const models::ModelOptions task_options{1, 30522, 16};  // a vocabulary the masked-LM task accepts
+      train::Trainer trainer(entry.build(entry.defaults), t.make(task_options), adamw, o);
+      FAIL() << task << " accepted a model without its interface";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      const std::string want = t.input == tasks::InputKind::TokenIds ? "models::MaskedLanguageModel" : "models::Detector";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  // The built-in models implement their task's interface.
+  for (const char* name : {"yolov8n", "bert-tiny"}) {
+    const models::ModelEntry& m = models::model_registry().at(name);
+    nn::ModulePtr model = m.build(m.defaults);
+    EXPECT_EQ(tasks::task_of(m).make(m.defaults)->model_mismatch(*model), "") << name;
+  }
 }

@@ -77,6 +77,9 @@ class Task {
   // Why a training step's loss cannot be captured in a CUDA graph (it reads device values on the host, which
   // a capture cannot do), or "" when it can. --cuda-graphs refuses such a task before training starts.
   virtual std::string cuda_graph_obstacle() const { return {}; }
+  // Why `model` cannot be trained for this task (it lacks the task's model interface, models/task_models.h), or ""
+  // when it can. The Trainer asks before training starts.
+  virtual std::string model_mismatch(nn::Module& /*model*/) const { return {}; }
 };
 
 }  // namespace ampforge::tasks

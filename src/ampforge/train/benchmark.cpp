@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <functional>
 #include <optional>
 
 #include "ampforge/core/runtime.h"
@@ -56,9 +57,7 @@ class Tf32Scope {
   bool old_gemm_, old_conv_;
 };
 
-}  // namespace
-
-BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
+void validate(const Workload& w, const BenchmarkOptions& o) {
   AF_CHECK(o.steps >= 1, "bench: steps must be >= 1, got {}", o.steps);
   AF_CHECK(o.warmup >= 0, "bench: warm-up steps must be >= 0, got {}", o.warmup);
   AF_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench: optimizer must be sgd or adamw, got '{}'",
@@ -72,6 +71,58 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
     const std::string why = cuda_graph_obstacle(*w.module, *w.task);
     AF_CHECK(why.empty(), "bench: --cuda-graphs cannot capture a {} training step: {}", w.model, why);
   }
+}
+
+// The bench's optimizer over the trainable parameters (frozen ones, YOLOv8's DFL bins, stay out, as in training).
+std::unique_ptr<optim::Optimizer> bench_optimizer(nn::Module& model, const std::string& name) {
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  if (name == "sgd") {
+    optim::SGDOptions so;
+    so.lr = 1e-3;
+    so.momentum = 0.9;
+    return std::make_unique<optim::SGD>(trainable, so);
+  }
+  optim::AdamWOptions ao;
+  ao.lr = 1e-3;
+  return std::make_unique<optim::AdamW>(trainable, ao);
+}
+
+// Runs the timed steps (step(i, true) for i from `first`) and records each one's time in r: CUDA events on a GPU
+// (no host wait between steps), the host clock on the CPU.
+void time_steps(const std::function<void(int64_t, bool)>& step, Device dev, int64_t first, int total,
+                const BenchmarkOptions& o, BenchmarkResult& r) {
+  if (dev.is_cuda()) {
+    std::unique_ptr<runtime::EventTimer> timer = runtime::device_runtime(dev).event_timer(dev.index);
+    timer->mark();
+    for (int i = 0; i < o.steps; ++i) {
+      step(first + i, true);
+      timer->mark();
+      if (o.on_step) o.on_step(static_cast<int>(total - o.steps) + i + 1, total);
+    }
+    r.step_seconds = timer->intervals();
+    r.timer = "cuda events";
+  } else {
+    for (int i = 0; i < o.steps; ++i) {
+      const Stopwatch sw;
+      step(first + i, true);
+      r.step_seconds.push_back(sw.seconds());
+      if (o.on_step) o.on_step(static_cast<int>(total - o.steps) + i + 1, total);
+    }
+    r.timer = "host clock";
+  }
+  r.median_seconds = median_of(r.step_seconds);
+  r.mean_seconds = std::accumulate(r.step_seconds.begin(), r.step_seconds.end(), 0.0) /
+                   static_cast<double>(r.step_seconds.size());
+}
+
+}  // namespace
+
+BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
+  validate(w, o);
+  const Device dev = w.batch.x.device();
+  const bool on_cuda = dev.is_cuda();
   const int warmup = o.cuda_graphs ? std::max<int>(o.warmup, static_cast<int>(StepGraph::kWarmupSteps)) : o.warmup;
   const DType amp = o.precision == BenchPrecision::FP16   ? DType::F16
                     : o.precision == BenchPrecision::BF16 ? DType::BF16
@@ -80,21 +131,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   if (on_cuda) tf32.emplace(runtime::device_runtime(dev), o.precision == BenchPrecision::TF32);
 
   nn::Module& model = *w.module;
-  // Frozen parameters (YOLOv8's DFL bins) stay out of the optimizer, as in training.
-  std::vector<Tensor> trainable;
-  for (const Tensor& p : model.parameters())
-    if (p.requires_grad()) trainable.push_back(p);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (o.optimizer == "sgd") {
-    optim::SGDOptions so;
-    so.lr = 1e-3;
-    so.momentum = 0.9;
-    opt = std::make_unique<optim::SGD>(trainable, so);
-  } else {
-    optim::AdamWOptions ao;
-    ao.lr = 1e-3;
-    opt = std::make_unique<optim::AdamW>(trainable, ao);
-  }
+  std::unique_ptr<optim::Optimizer> opt = bench_optimizer(model, o.optimizer);
   amp::GradScaler scaler(grad_scaler_options(amp));
   StepOptions so;
   so.precision = amp;
@@ -102,7 +139,7 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   so.read_loss = !on_cuda;  // on CUDA the step stays free of host waits; the loss is read once at the end
   StepGraph graph;
   Tensor last_loss;
-  auto step = [&](int64_t i, bool timed) {
+  const std::function<void(int64_t, bool)> step = [&](int64_t i, bool timed) {
     so.global_step = i;
     if (o.cuda_graphs && timed) {
       last_loss = graph.run(model, *w.task, *opt, scaler, std::span<const data::Batch>(&w.batch, 1), so);
@@ -136,28 +173,8 @@ BenchmarkResult benchmark_training(Workload& w, const BenchmarkOptions& o) {
   if (release_before < 0) release_cached();
 
   BenchmarkResult r;
-  if (on_cuda) {
-    std::unique_ptr<runtime::EventTimer> timer = runtime::device_runtime(dev).event_timer(dev.index);
-    timer->mark();
-    for (int i = 0; i < o.steps; ++i) {
-      step(warmup + 1 + i, true);
-      timer->mark();
-      if (o.on_step) o.on_step(warmup + i + 1, total);
-    }
-    r.step_seconds = timer->intervals();
-    r.timer = "cuda events";
-  } else {
-    for (int i = 0; i < o.steps; ++i) {
-      const Stopwatch sw;
-      step(warmup + i, true);
-      r.step_seconds.push_back(sw.seconds());
-      if (o.on_step) o.on_step(warmup + i + 1, total);
-    }
-    r.timer = "host clock";
-  }
-  r.median_seconds = median_of(r.step_seconds);
-  r.mean_seconds = std::accumulate(r.step_seconds.begin(), r.step_seconds.end(), 0.0) /
-                   static_cast<double>(r.step_seconds.size());
+  // On CUDA the timed steps are numbered after `warmup`, the number a graph's capture step takes.
+  time_steps(step, dev, on_cuda ? warmup + 1 : warmup, total, o, r);
   const double n = static_cast<double>(w.samples);
   r.samples_per_sec = r.median_seconds > 0 ? n / r.median_seconds : 0;
   r.mean_samples_per_sec = r.mean_seconds > 0 ? n / r.mean_seconds : 0;

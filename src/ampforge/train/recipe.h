@@ -12,11 +12,16 @@
 #include "ampforge/core/dtype.h"
 #include "ampforge/nn/module.h"
 #include "ampforge/optim/optimizer.h"
+#include "ampforge/tasks/registry.h"
 #include "ampforge/train/trainer.h"
 
 namespace ampforge::train {
 
-struct TrainConfig {
+// The Trainer's RunOptions (epochs, max_steps, precision, master_weights, recompute, cuda_graphs,
+// loss_read_interval, save, resume, memory_trace, progress, verbose, profile, profile_steps, trace) are
+// TrainConfig's own, as the Trainer reads them; the fields below are those a recipe decides from.
+struct TrainConfig : RunOptions {
+  TrainConfig() { epochs = 5; }
   std::string model = "cnn";
   // fashion-mnist | mnist (IDX files) | image-folder (data_dir/train and data_dir/val or /test, one
   // sub-folder per class, as ImageNet) | synthetic. Gray data sets are resized to image_size and repeated to
@@ -36,7 +41,6 @@ struct TrainConfig {
   int64_t close_mosaic = 10;
   int64_t image_size = 0;                  // 0: the data set's own (28 for MNIST; 224 for image folders)
   std::string weights;                     // initialise the model from this safetensors file, by name
-  int64_t epochs = 5;
   int64_t batch_size = 128;
   // "auto" values: detection models (YOLOv8) get Ultralytics 8.x's recipe (ultralytics/cfg/default.yaml and
   // engine/trainer.py: ../shared specs MODELS.md A.6), every other model the plain one noted beside each field.
@@ -73,25 +77,13 @@ struct TrainConfig {
   bool channels_last = true;
   int64_t crop_padding = 0;                // augmentation
   bool hflip = false;
-  DType precision = DType::F32;            // F32 | F16 | BF16 (autocast + GradScaler for F16)
-  bool master_weights = false;             // keep parameters in 16 bits with F32 masters in the optimizer
-  bool recompute = false;                  // rebuild cheap activations in backward (train::StepOptions::recompute)
   bool stochastic_rounding = false;        // BF16 master weights: round the model copy stochastically
   std::string nan_policy = "stop";         // stop | skip: what to do with a non-finite loss without a scaler
-  int64_t max_steps = -1;                  // stop after this many optimizer steps (counting from 0)
   int64_t synthetic_size = 2048;           // examples in the synthetic training split
   int64_t synthetic_classes = 10;          // classes of the synthetic data set
   // Evaluation batch. 0 (auto): the training batch for masked LM and for images larger than 64x64 (a batch of 1000
   // 224-px images or BERT sequences would hold GiBs of activations), 1000 for small images (Fashion-MNIST).
   int64_t eval_batch_size = 0;
-  std::string save;                        // checkpoint path (written each epoch, at the end, on SIGINT)
-  std::string resume;                      // checkpoint to resume from
-  std::string memory_trace;                // record every allocation/free here (ampforge-memtrace v1)
-  bool progress = true;
-  bool verbose = true;                     // human summary on stderr
-  bool profile = false;                    // collect a profile (TrainResult::profile)
-  std::string profile_steps;               // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
-  std::string trace;                       // write a Chrome trace here (implies profile)
   // Text (masked-LM models, data/text_corpus.h): the corpus is tokenised once and cached.
   std::string corpus;                      // "wordnet" (Debian's wordnet-base glosses) or a file, one document a line
   std::string vocab;                       // a BERT vocab.txt; empty: learn a WordPiece vocabulary of vocab_size
@@ -100,8 +92,6 @@ struct TrainConfig {
   std::string text_cache;                  // where learned vocabularies and token files go (default
                                            // $AMPFORGE_CACHE_DIR, else $HOME/.cache/ampforge, + /text)
   std::string device = "cpu";              // cpu | cuda | cuda:N
-  bool cuda_graphs = false;                // CUDA: capture the training step once, then replay it
-  int64_t loss_read_interval = 50;         // CUDA: steps between reads of the losses (one synchronisation)
   // Data parallel: on when the process was started by mpirun/srun, torchrun or `ampforge launch`
   // (dist/environment.h); batch_size is then per rank. --device cuda means cuda:<LOCAL_RANK>.
   double bucket_mb = 25;                   // gradient bucket size (MiB)
@@ -117,14 +107,15 @@ struct TrainConfig {
 TrainResult train(const TrainConfig& cfg);
 
 // The config with every "auto" value decided (see the fields) for a training split of `examples` examples in
-// `batches_per_epoch` global batches with `classes` classes, for a model of `task` ("detection", ...), trained
-// by `ranks` data-parallel processes (the global batch is batch x ranks, as Ultralytics' DDP splits it).
-TrainConfig resolve_auto(const TrainConfig& cfg, const std::string& task, int64_t examples, int64_t batches_per_epoch,
-                         int64_t classes, int64_t ranks = 1);
+// `batches_per_epoch` global batches with `classes` classes, following `recipe` (the model's task's:
+// tasks/registry.h), trained by `ranks` data-parallel processes (the global batch is batch x ranks, as
+// Ultralytics' DDP splits it).
+TrainConfig resolve_auto(const TrainConfig& cfg, tasks::TrainingRecipe recipe, int64_t examples,
+                         int64_t batches_per_epoch, int64_t classes, int64_t ranks = 1);
 
-// The evaluation batch the run uses: eval_batch_size, or for 0 (auto) the training batch for masked LM and images
+// The evaluation batch the run uses: eval_batch_size, or for 0 (auto) the training batch for token ids and images
 // larger than 64x64, and 1000 for smaller images. example_shape: one training example's (C, H, W) or (T).
-int64_t eval_batch_size(const TrainConfig& cfg, bool masked_lm, const Shape& example_shape);
+int64_t eval_batch_size(const TrainConfig& cfg, bool token_ids, const Shape& example_shape);
 
 // The learning rate the run uses (lr, or lr scaled by the batch when lr_reference_batch > 0).
 double effective_lr(const TrainConfig& cfg);

@@ -11,7 +11,6 @@
 // its own file; the loop calls them.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,18 +28,38 @@
 #include "ampforge/train/data_parallel.h"
 #include "ampforge/train/ema.h"
 #include "ampforge/train/nan_policy.h"
+#include "ampforge/train/stop.h"
 
 namespace ampforge::train {
 
-struct TrainerOptions {
+// The options of a run that mean the same to every way of starting one: the Trainer takes them as they are, and
+// `ampforge train`'s config (train/recipe.h TrainConfig) holds them as they are, without copies or renames.
+struct RunOptions {
   int64_t epochs = 1;
-  int64_t max_steps = -1;       // stop after this many optimizer steps (counting from 0); -1: no limit
-  int64_t accumulate = 1;       // micro-batches per optimizer step (gradient accumulation)
-  bool accumulate_sum = false;  // add the micro-batches' gradients instead of averaging them (train/step.h)
+  int64_t max_steps = -1;        // stop after this many optimizer steps (counting from 0); -1: no limit
   DType precision = DType::F32;  // F32 | F16 | BF16 (autocast; F16 adds a GradScaler)
   bool master_weights = false;   // parameters in `precision` with F32 masters in the optimizer (Apex O2)
-  bool recompute = false;        // rebuild cheap activations in backward (StepOptions::recompute)
-  double clip_grad_norm = 0;     // 0: off
+  // Rebuild cheap activations (batch norm, relu, residual sums) in backward (StepOptions::recompute).
+  bool recompute = false;
+  // CUDA: capture the training step once, then replay it; every step decision stays on the device (no host
+  // synchronisation in a step) and the losses are read every `loss_read_interval` steps.
+  bool cuda_graphs = false;
+  int64_t loss_read_interval = 50;
+  // Checkpoints (safetensors, atomic): written after each epoch (before its evaluation), at the end and on a stop
+  // signal or max_steps; `resume` continues one exactly.
+  std::string save, resume;
+  std::string memory_trace;      // record every allocation/free of the run's device allocator here
+  bool progress = true;          // a progress bar per epoch on stderr
+  bool verbose = true;           // a header line and warnings on stderr
+  bool profile = false;          // collect a profile (TrainResult::profile)
+  std::string profile_steps;     // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
+  std::string trace;             // write a Chrome trace here (implies profile)
+};
+
+struct TrainerOptions : RunOptions {
+  int64_t accumulate = 1;       // micro-batches per optimizer step (gradient accumulation)
+  bool accumulate_sum = false;  // add the micro-batches' gradients instead of averaging them (train/step.h)
+  double clip_grad_norm = 0;    // 0: off
   NanPolicy nan_policy = NanPolicy::Stop;
   // LR schedule over the run. total_steps 0: the run's optimizer steps (epochs x steps per epoch).
   optim::ScheduleOptions schedule{};
@@ -48,25 +67,13 @@ struct TrainerOptions {
   // trainer (batches are delivered where the model is). Evaluation uses eval_loader (shuffle off).
   data::LoaderOptions loader{};
   data::LoaderOptions eval_loader{};
-  // Device: "cpu", "cuda" or "cuda:N" as a Device. On CUDA every step decision stays on the device (no
-  // host synchronisation in a step) and losses are read every `loss_read_interval` steps.
-  Device device = kCPU;
-  bool cuda_graphs = false;
-  int64_t loss_read_interval = 50;
-  // Checkpoints: written after each epoch (before its evaluation), at the end and on a stop signal or max_steps;
-  // `resume` continues one.
+  Device device = kCPU;  // cpu or cuda:N
   // The label names the run's model in the checkpoint (resume refuses another); empty: the model's type.
-  std::string save, resume, checkpoint_label;
+  std::string checkpoint_label;
   std::string config_json = "{}";  // stored in checkpoints for people reading them
   // Stored in checkpoints so that export, predict and detect rebuild the model from the file alone
   // (core/checkpoint_format.h); model empty: not stored.
   checkpoint::ModelRecord model_record;
-  std::string memory_trace;        // record every allocation/free of the run's device allocator here
-  bool progress = true;
-  bool verbose = true;               // a header line and warnings on stderr
-  bool profile = false;              // collect a profile (TrainResult::profile)
-  std::string profile_steps;         // "A:B": profile global steps [A, B) only ("" = all; "A:" = from A)
-  std::string trace;                 // write a Chrome trace here (implies profile)
   // An average of the weights (train/ema.h), updated after every optimizer step; evaluation runs on it and
   // checkpoints keep it. Off by default (the detection recipe turns it on, as Ultralytics does).
   EmaOptions ema{};
@@ -146,20 +153,5 @@ class Trainer {
 
 // "A:B" -> [A, B); "A:" -> [A, end) with B = -1. Throws InvalidArgument naming --profile-steps.
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& s);
-
-// Process-wide stop request (a stop signal sets it; the trainer finishes the current step, writes the checkpoint
-// and returns with TrainResult::interrupted; set before fit() starts, fit() runs no step). Nothing clears it: a
-// program that trains again after a stop clears it itself.
-std::atomic<bool>& stop_requested();
-// Takes the stop signals on watcher threads from now on (util/signals.h: blocked in this thread and the threads it
-// starts): SIGINT (Ctrl-C), SIGTERM and SIGUSR1 set stop_requested() and say so on stderr (rank 0 of a data-parallel
-// job). A second SIGINT or SIGTERM kills the process as the signal does by default, once a checkpoint being written
-// is complete. SIGTERM is what docker, Kubernetes, systemd and Slurm send before SIGKILL; SIGUSR1 is for launchers:
-// mpirun forwards it to every rank (it aborts the job on SIGINT), `ampforge launch` sends it on the first Ctrl-C,
-// Slurm sends it with `scancel --signal=USR1` or `sbatch --signal=USR1@SECONDS`. Call before training starts its
-// threads. Without it, a checkpoint being written still defers SIGTERM until the file is complete.
-void install_stop_signals();
-// The first stop signal taken (SIGINT, SIGTERM or SIGUSR1), 0 before one: `ampforge train` exits 128 + it.
-int stop_signal();
 
 }  // namespace ampforge::train

@@ -273,7 +273,7 @@ TEST(TrainerApi, OptionErrorsNameTheOption) {
     make(o);
     FAIL() << "accumulate 0 accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--accumulate"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TrainerOptions::accumulate"), std::string::npos) << e.what();
   }
   o = quiet_options();
   o.master_weights = true;
@@ -417,7 +417,7 @@ TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
   c.batch_size = 16;
   c.epochs = 3;
   // 2000 images: ceil(2000 / 64) x 3 = 96 iterations <= 10,000 -> AdamW, lr round(0.002 * 5 / (4 + 10), 6).
-  train::TrainConfig r = train::resolve_auto(c, "detection", 2000, 125, 10);
+  train::TrainConfig r = train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 2000, 125, 10);
   EXPECT_EQ(r.optimizer, "adamw");
   EXPECT_DOUBLE_EQ(r.lr, 0.000714);
   EXPECT_EQ(r.warmup_bias_lr, 0.0);
@@ -432,33 +432,33 @@ TEST(Recipe, DetectionAutoValuesFollowUltralytics) {
   EXPECT_DOUBLE_EQ(r.weight_decay, 5e-4);
   EXPECT_EQ(r.mosaic, 0.0) << "3 epochs <= close_mosaic 10: no epoch would be without mosaic";
   // COCO-sized: 118,287 images x 100 epochs -> SGD lr 0.01 nesterov; 80 classes would give AdamW 0.000119.
-  r = train::resolve_auto(c, "detection", 118287, 7393, 80);
+  r = train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 118287, 7393, 80);
   EXPECT_EQ(r.optimizer, "adamw") << "3 epochs of COCO: 5,547 iterations";
   EXPECT_DOUBLE_EQ(r.lr, 0.000119);
   c.epochs = 100;
-  r = train::resolve_auto(c, "detection", 118287, 7393, 80);
+  r = train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 118287, 7393, 80);
   EXPECT_EQ(r.optimizer, "sgd");
   EXPECT_DOUBLE_EQ(r.lr, 0.01);
   EXPECT_TRUE(r.nesterov);
   EXPECT_DOUBLE_EQ(r.warmup_bias_lr, 0.1);
   EXPECT_EQ(r.mosaic, 1.0) << "Ultralytics' mosaic 1.0 when epochs > close_mosaic";
   c.close_mosaic = 100;
-  EXPECT_EQ(train::resolve_auto(c, "detection", 2000, 125, 10).mosaic, 0.0);
+  EXPECT_EQ(train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 2000, 125, 10).mosaic, 0.0);
   c.close_mosaic = 10;
   // Given values are kept; other tasks get the plain defaults.
   c.optimizer = "sgd";
   c.lr = 0.02;
   c.accumulate = 1;
   c.ema = "off";
-  r = train::resolve_auto(c, "detection", 2000, 125, 10);
+  r = train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 2000, 125, 10);
   EXPECT_EQ(r.optimizer, "sgd");
   EXPECT_DOUBLE_EQ(r.lr, 0.02);
   EXPECT_EQ(r.accumulate, 1);
   EXPECT_EQ(r.ema, "off");
   c.mosaic = 0.25;
-  EXPECT_EQ(train::resolve_auto(c, "detection", 2000, 125, 10).mosaic, 0.25);
+  EXPECT_EQ(train::resolve_auto(c, tasks::TrainingRecipe::Ultralytics, 2000, 125, 10).mosaic, 0.25);
   train::TrainConfig plain;
-  r = train::resolve_auto(plain, "classification", 60000, 469, 10);
+  r = train::resolve_auto(plain, tasks::TrainingRecipe::Plain, 60000, 469, 10);
   EXPECT_EQ(r.mosaic, 0.0);
   EXPECT_EQ(r.optimizer, "adamw");
   EXPECT_EQ(r.accumulate, 1);
