@@ -1,6 +1,6 @@
 """Training loops in C++: Trainer (your model, loss and data sets) and train() (`ampforge train` by names)."""
 from . import _core
-from ._core import Trainer  # noqa: F401
+from ._core import Trainer, TrainStep  # noqa: F401
 
 
 def train(**options):
@@ -9,4 +9,4 @@ def train(**options):
     return _core.train_by_name(**options)
 
 
-__all__ = ["Trainer", "train"]
+__all__ = ["Trainer", "TrainStep", "train"]

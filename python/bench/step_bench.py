@@ -1,15 +1,16 @@
 """What Python costs: the small CNN's training step (AdamW, Fashion-MNIST-shaped batch, channels-last) timed
-  (1) in the C++ step loop (ampforge.bench: train_step, what the Trainer runs),
+  (1) in C++: ampforge.train.TrainStep, the Trainer's own step (train/step.h) on the same batch,
   (2) driven from Python: the brief's loop (autocast, GradScaler for fp16, backward, step, update, zero_grad) over the
       registry's C++ model, and over the same network written as a Python nn.Module subclass,
   (3) in PyTorch's eager Python loop on the same network, batch, optimizer and thread count (when torch imports).
-A benchmark, not a test: it prints a Markdown table (median ms per step; rounds alternate the variants so that a
-machine whose speed drifts affects them alike) and the command, CPU and threads to record with it.
+A benchmark, not a test: it prints a Markdown table (median ms per step; the variants take turns step by step, so that
+a machine whose speed drifts affects them alike) and the command, CPU and threads to record with it.
 
     .venv-peer/bin/python python/bench/step_bench.py               # with PyTorch 2.14 (PYTHONPATH: the package)
     .venv/bin/python python/bench/step_bench.py --precisions fp32  # ampforge only
 """
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -46,25 +47,25 @@ class PyCNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def ampforge_loop(model, x, y, precision, steps):
+def ampforge_step(model, x, y, precision):
+    """The brief's loop body, one step at a time."""
     opt = af.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = af.amp.GradScaler(enabled=precision == "fp16")
     dtype = {"fp16": af.float16, "bf16": af.bfloat16}.get(precision)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         with af.autocast("cpu", dtype=dtype or af.bfloat16, enabled=dtype is not None):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        loss.item()  # the step's result reaches the host, as the Trainer's CPU step reads its loss
-        times.append(time.perf_counter() - t0)
-    return times
+        return loss.item()  # the loss reaches the host, as the Trainer's CPU step reads it
+
+    return step
 
 
-def torch_loop(x_np, y_np, precision, steps):
+def torch_step(x_np, y_np, precision):
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
         torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
@@ -75,18 +76,17 @@ def torch_loop(x_np, y_np, precision, steps):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16")
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        loss.item()
-        times.append(time.perf_counter() - t0)
-    return times
+        return loss.item()
+
+    return step
 
 
 def cpu_model():
@@ -104,9 +104,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--precisions", default="fp32,bf16,fp16")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per variant and round")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="0: ampforge's default (every core)")
     args = p.parse_args()
     if args.threads:
@@ -120,28 +119,38 @@ def main():
     x = af.from_numpy(x_np).contiguous(channels_last=True)
     y = af.from_numpy(y_np)
 
-    print(f"# step_bench: batch {args.batch}, {threads} threads, {args.rounds} rounds x {args.steps} steps, "
-          f"{cpu_model()}, ampforge {af.__version__}, torch {torch.__version__ if torch else 'not installed'}")
+    print(f"# step_bench: batch {args.batch}, {threads} threads, {args.steps} steps per variant after {args.warmup} "
+          f"warm-up, interleaved step by step, {cpu_model()}, ampforge {af.__version__}, "
+          f"torch {torch.__version__ if torch else 'not installed'}")
     print(f"# command: {os.path.basename(sys.executable)} {' '.join(sys.argv)}")
-    header = "| precision | C++ step loop (ms) | Python loop, C++ model (ms) | Python loop, Python module (ms) | " \
-             "Python / C++ | PyTorch eager (ms) | PyTorch / ampforge Python |"
-    print(header)
+    print("| precision | C++ step (TrainStep, ms) | Python loop, C++ model (ms) | Python loop, Python module (ms) | "
+          "Python / C++ | PyTorch eager (ms) | PyTorch / ampforge Python |")
     print("|---|---|---|---|---|---|---|")
     for precision in args.precisions.split(","):
-        cpp, py_cpp, py_py, pt = [], [], [], []
-        for _ in range(args.rounds):
-            r = af.bench("cnn", batch=args.batch, precision=precision, steps=args.steps, warmup=args.warmup,
-                         optimizer="adamw", channels_last=True)
-            cpp += r["step_seconds"]
-            af.manual_seed(0)
-            py_cpp += ampforge_loop(af.models.create("cnn"), x, y, precision, args.warmup + args.steps)[args.warmup:]
-            af.manual_seed(0)
-            py_py += ampforge_loop(PyCNN(), x, y, precision, args.warmup + args.steps)[args.warmup:]
-            if torch is not None:
-                torch.manual_seed(0)
-                pt += torch_loop(x_np, y_np, precision, args.warmup + args.steps)[args.warmup:]
-        med = {k: statistics.median(v) * 1e3 for k, v in
-               {"cpp": cpp, "py_cpp": py_cpp, "py_py": py_py, "pt": pt}.items() if v}
+        af.manual_seed(0)
+        variants = {"cpp": af.train.TrainStep(af.models.create("cnn"), precision, "adamw", 1e-3)}
+        variants["cpp"] = functools.partial(variants["cpp"], x, y)
+        af.manual_seed(0)
+        variants["py_cpp"] = ampforge_step(af.models.create("cnn"), x, y, precision)
+        af.manual_seed(0)
+        variants["py_py"] = ampforge_step(PyCNN(), x, y, precision)
+        if torch is not None:
+            torch.manual_seed(0)
+            variants["pt"] = torch_step(x_np, y_np, precision)
+        names = list(variants)
+        times = {k: [] for k in names}
+        for k in names:
+            for _ in range(args.warmup):
+                variants[k]()
+        # One step of each variant in turn, the order rotating: a machine whose speed drifts (other jobs) slows
+        # every variant alike.
+        for i in range(args.steps):
+            for j in range(len(names)):
+                k = names[(i + j) % len(names)]
+                t0 = time.perf_counter()
+                variants[k]()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         ratio = med["py_cpp"] / med["cpp"]
         pt_cell = f"{med['pt']:.1f}" if "pt" in med else "n/a (no torch)"
         pt_ratio = f"{med['pt'] / med['py_cpp']:.2f}x" if "pt" in med else "n/a"

@@ -15,6 +15,7 @@
 #include "common.h"
 
 #include "ampforge/train/recipe.h"
+#include "ampforge/train/step.h"
 #include "ampforge/train/stop.h"
 
 namespace ampforge::python {
@@ -145,6 +146,15 @@ struct PyTrainer {
   std::unique_ptr<af::train::Trainer> trainer;
 };
 
+// The Trainer's own step (train/step.h) on a batch the caller gives: schedule-free, one micro-batch, classification.
+struct TrainStep {
+  af::nn::ModulePtr model;
+  af::tasks::ClassificationTask task;
+  std::unique_ptr<af::optim::Optimizer> opt;
+  af::amp::GradScaler scaler;
+  af::train::StepOptions options;
+};
+
 af::DType precision_from(nb::handle h) {
   if (nb::isinstance<af::DType>(h)) return nb::cast<af::DType>(h);
   return af::dtype_from_string(nb::cast<std::string>(h));
@@ -223,6 +233,32 @@ void init_train(nb::module_& m) {
            "Trains (once per Trainer) and returns the summary as a dict (eval metrics, losses, samples/s, ...).")
       .def_prop_ro("optimizer", [](PyTrainer& t) -> af::optim::Optimizer& { return t.trainer->optimizer(); },
                    nb::rv_policy::reference_internal);
+
+  nb::class_<TrainStep>(m, "TrainStep",
+                        "One training step exactly as the Trainer runs it (train/step.h: zero_grad, forward and "
+                        "cross-entropy under autocast, loss.item(), scaled backward, scaler step and update), on a "
+                        "batch you give: what the Python loop is compared with (python/bench/step_bench.py).")
+      .def("__init__",
+           [](TrainStep* self, const af::nn::ModulePtr& model, nb::handle precision, const std::string& optimizer,
+              double lr) {
+             af::train::TrainConfig cfg;
+             cfg.optimizer = optimizer, cfg.lr = lr;
+             const af::DType p = precision_from(precision);
+             new (self) TrainStep{model, af::tasks::ClassificationTask{}, nullptr,
+                                  af::amp::GradScaler(af::train::grad_scaler_options(p)), {}};
+             self->options.precision = p;
+             EngineCall call;
+             self->opt = af::train::make_optimizer(cfg, *model);
+           },
+           nb::arg("model"), nb::arg("precision") = "fp32", nb::arg("optimizer") = "adamw", nb::arg("lr") = 1e-3)
+      .def("__call__",
+           [](TrainStep& s, const af::Tensor& x, const af::Tensor& y) {
+             af::data::Batch b;
+             b.x = x, b.y = y;
+             EngineCall call;
+             return af::train::train_step(*s.model, s.task, *s.opt, s.scaler, b, s.options).loss;
+           },
+           nb::arg("x"), nb::arg("y"), "Runs one step; returns the loss.");
 
   m.def("train_by_name",
         [](nb::kwargs kwargs) {

@@ -191,3 +191,11 @@ def test_train_by_name_runs_the_cli_recipe():
     assert result["steps"] == 3 and result["model"] == "cnn"
     with pytest.raises(TypeError, match="unknown option"):
         af.train.train(bogus=1)
+
+
+def test_train_step_is_the_trainers_step():
+    model = af.models.create("cnn")
+    step = af.train.TrainStep(model, "fp16", "adamw", 1e-3)
+    x, y = af.randn(16, 1, 28, 28), af.tensor(np.arange(16) % 10)
+    losses = [step(x, y) for _ in range(5)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
