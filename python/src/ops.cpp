@@ -88,9 +88,9 @@ void init_ops(nb::module_& m) {
            std::optional<af::Device> device, bool rg) {
           const bool ints = PyLong_Check(start.ptr()) && (end.is_none() || PyLong_Check(end.ptr())) &&
                             PyLong_Check(step.ptr());
-          double s = nb::cast<double>(start), e = 0;
-          if (end.is_none()) std::swap(s, e), e = nb::cast<double>(start), s = 0;
-          else e = nb::cast<double>(end);
+          // arange(end) or arange(start, end)
+          const double s = end.is_none() ? 0.0 : nb::cast<double>(start);
+          const double e = nb::cast<double>(end.is_none() ? start : end);
           const af::DType dt = dtype.value_or(ints ? af::DType::I64 : af::DType::F32);
           return finish(af::arange(s, e, nb::cast<double>(step), dt, device_or(device)), rg);
         },
