@@ -98,6 +98,23 @@ def _repr(self):
     return "tensor(" + body + "".join(", " + s for s in suffix) + ")"
 
 
+def _rebuild(array, dtype, requires_grad):
+    t = tensor(array, dtype=dtype)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _reduce(self):
+    """Pickling (and copy.deepcopy): the values on the CPU, the dtype, requires_grad; not the autograd history."""
+    values = self.detach().numpy(force=True)  # bfloat16 travels as float32, exactly, and is converted back
+    return _rebuild, (values.copy(), self.dtype, self.requires_grad and self.is_leaf)
+
+
+def _deepcopy(self, memo):
+    return _rebuild(*_reduce(self)[1])
+
+
 _core.Tensor.__repr__ = _repr
 _core.Tensor.__str__ = _repr
+_core.Tensor.__reduce__ = _reduce
+_core.Tensor.__deepcopy__ = _deepcopy
 __all__ = ["tensor", "from_numpy", "from_dlpack"]

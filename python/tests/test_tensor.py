@@ -213,3 +213,14 @@ def test_long_calls_release_the_gil():
         stop[0] = True
         worker.join()
     assert max(advanced) > 1000, advanced  # the Python thread ran during the product
+
+
+def test_pickle_and_deepcopy():
+    import copy
+    import pickle
+
+    for t in [af.tensor([[1.5, -2.0]]), af.tensor([1, 2, 3]), af.ones(2, dtype=af.bfloat16),
+              af.ones(3, requires_grad=True), af.tensor(True)]:
+        for back in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t)):
+            assert back.dtype == t.dtype and back.shape == t.shape and back.tolist() == t.tolist()
+            assert back.requires_grad == t.requires_grad and back.data_ptr() != t.data_ptr()
