@@ -155,3 +155,30 @@ def test_state_dict_from_python_loads_in_ampforge_predict(cli, tmp_path):
                    capture_output=True)
     got = af.load_file(str(tmp_path / "out.safetensors"))["output0"].numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_module_list_and_apply():
+    class Tower(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = F.relu(layer(x))
+            return x
+
+    t = Tower()
+    assert len(t.layers) == 3 and isinstance(t.layers[1], nn.Linear)
+    assert [n for n, _ in t.named_parameters()][:2] == ["layers.0.weight", "layers.0.bias"]
+    assert t(af.ones(2, 4)).shape == (2, 4)
+    seen = []
+    assert t.apply(lambda m: seen.append(m.type_name)) is t
+    assert seen == ["Linear", "Linear", "Linear", "ModuleList", "Tower"]
+
+    def zero_linear(m):
+        if isinstance(m, nn.Linear):
+            m.weight = af.zeros(4, 4)
+
+    t.apply(zero_linear)
+    assert all(layer.weight.sum().item() == 0 for layer in t.layers)

@@ -33,6 +33,44 @@ from .._core import (  # noqa: F401
 from . import functional, utils  # noqa: F401
 
 
+def _apply(self, fn):
+    """Calls fn on every submodule (children first) and on this module, as torch.nn.Module.apply; returns self."""
+    for child in self.children():
+        child.apply(fn)
+    fn(self)
+    return self
+
+
+Module.apply = _apply
+
+
+class ModuleList(Module):
+    """A list of modules registered as children '0', '1', ... (torch.nn.ModuleList): indexable, iterable, no forward."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __len__(self):
+        return len(self.children())
+
+    def __getitem__(self, i):
+        return self.children()[i]
+
+    def __iter__(self):
+        return iter(self.children())
+
+
 class Identity(Module):
     """Returns its input."""
 
