@@ -1,5 +1,6 @@
 """Data sets, the DataLoader, the Trainer over Python objects, and Ctrl-C (real signals)."""
 import json
+import pathlib
 import signal
 import subprocess
 import sys
@@ -199,3 +200,12 @@ def test_train_step_is_the_trainers_step():
     x, y = af.randn(16, 1, 28, 28), af.tensor(np.arange(16) % 10)
     losses = [step(x, y) for _ in range(5)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_the_training_example_runs():
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "train_amp.py"
+    for precision in ("fp16", "bf16"):
+        r = subprocess.run([sys.executable, str(example), "--precision", precision, "--epochs", "1", "--max-steps", "30"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "final test accuracy" in r.stdout and "step   31" not in r.stdout

@@ -97,3 +97,13 @@ def test_state_dict_from_python_loads_in_torch(tmp_path):
     with torch.no_grad():
         got = ref(torch.from_dlpack(x)).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_dlpack_example_runs():
+    import pathlib
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "python" / "dlpack_torch.py"
+    r = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "writes cross over both ways: ok" in r.stdout, r.stdout + r.stderr
