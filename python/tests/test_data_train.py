@@ -108,7 +108,11 @@ def test_trainer_classification_task_on_fashion_mnist_subset():
     assert np.isfinite(result["losses"]).all()
 
 
-CHILD = textwrap.dedent("""
+# A child started from a shell's background job (`scripts/test &`, some CI runners) inherits SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler: the children install it, as an interactive shell leaves it.
+RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+CHILD = RESTORE_SIGINT + textwrap.dedent("""
     import sys, time
     import ampforge as af
     import ampforge.nn.functional as F
@@ -164,7 +168,7 @@ def test_ctrl_c_during_trainer_fit_raises_after_the_step_with_the_checkpoint(tmp
 
 
 def test_ctrl_c_during_a_long_engine_call_raises_keyboard_interrupt():
-    child = textwrap.dedent("""
+    child = RESTORE_SIGINT + textwrap.dedent("""
         import ampforge as af
         a = af.randn(768, 768)
         print("READY", flush=True)
