@@ -112,6 +112,18 @@ def test_trainer_classification_task_on_fashion_mnist_subset():
 # Python then installs no KeyboardInterrupt handler: the children install it, as an interactive shell leaves it.
 RESTORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 
+
+def communicate_or_kill(proc, timeout=60):
+    """The child's output; a child that outlives the timeout is killed (a looping child left behind would load the
+    machine for the rest of the run), and the test fails with what it printed."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the child ignored SIGINT for {timeout} s and was killed; stdout: {out!r} stderr: {err!r}")
+
+
 CHILD = RESTORE_SIGINT + textwrap.dedent("""
     import sys, time
     import ampforge as af
@@ -154,9 +166,11 @@ def test_ctrl_c_during_trainer_fit_raises_after_the_step_with_the_checkpoint(tmp
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     line = proc.stdout.readline()
-    assert line.strip() == "TRAINING", line + proc.stderr.read()
+    if line.strip() != "TRAINING":
+        proc.kill()
+        pytest.fail(line + proc.stderr.read())
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = communicate_or_kill(proc)
     assert proc.returncode == 3, out + err
     assert out.startswith("INTERRUPTED"), out + err
     state = af.load_file(str(ckpt))  # written after the step the signal interrupted
@@ -181,12 +195,14 @@ def test_ctrl_c_during_a_long_engine_call_raises_keyboard_interrupt():
             print("CAUGHT", n, flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "READY"
+    if proc.stdout.readline().strip() != "READY":
+        proc.kill()
+        pytest.fail(proc.stderr.read())
     time.sleep(1.0)
     for _ in range(5):  # several, so that some arrive during products
         proc.send_signal(signal.SIGINT)
         time.sleep(0.05)
-    out, err = proc.communicate(timeout=60)
+    out, err = communicate_or_kill(proc)
     assert proc.returncode == 0 and out.startswith("CAUGHT"), out + err
 
 
