@@ -55,7 +55,6 @@ Allocator* host_allocator() {
 
 int64_t host_allocator_bytes_in_use() { return g_host_bytes.load(std::memory_order_relaxed); }
 int64_t host_allocator_peak_bytes() { return g_host_peak.load(std::memory_order_relaxed); }
-void host_allocator_reset_peak() { g_host_peak.store(g_host_bytes.load()); }
 
 Allocator* get_allocator(DeviceType type) { return table()[static_cast<int>(type)].load(std::memory_order_acquire); }
 

@@ -31,8 +31,7 @@ Allocator* host_allocator();
 
 // Bytes currently allocated through host_allocator() (a global counter; see STYLE.md habit 7).
 int64_t host_allocator_bytes_in_use();
-// Highest value of host_allocator_bytes_in_use() since start (or the last reset).
+// Highest value of host_allocator_bytes_in_use() since start.
 int64_t host_allocator_peak_bytes();
-void host_allocator_reset_peak();
 
 }  // namespace ampforge
