@@ -15,8 +15,9 @@ for image models both memory formats are timed and the faster is "best". CUDA st
 events; "fp32" is true FP32 (TF32 off for cuBLAS and cuDNN), "tf32" turns both on. A run that cannot work
 (e.g. PyTorch 1.13's CPU autocast has no float16, a package missing) prints {"error": ...} and exits 0, so the
 caller shows it; a memory format that fails while the other runs is named in "errors". --max-seconds bounds the
-timed steps on the CPU (at least one is timed): a 16-bit step of PyTorch on a CPU without AVX512_BF16 can take tens
-of seconds, where one step is already a measurement with little noise.
+CPU's steps: the timed ones stop after that many seconds (at least one is timed), and a memory format whose warm-up step
+alone took longer, and longer than the other format's, is not timed (named in "skipped"). A 16-bit step of PyTorch on a
+CPU can take minutes, where one step is already a measurement with little noise.
 """
 import argparse
 import contextlib
@@ -219,43 +220,70 @@ def release_cached(device):
     torch.cuda.reset_peak_memory_stats(device)
 
 
+def cpu_formats(a, formats, out):
+    """CPU: each memory format is prepared and warmed up first, then timed. With --max-seconds, a format whose
+    warm-up step took longer than that and longer than another format's is not timed ("skipped" says why): when a
+    step takes minutes (PyTorch's float16 autocast on most CPUs), timing every format would take longer than the
+    whole table, and a slower warm-up step of that size marks the slower format (the one-time costs of a step,
+    oneDNN's primitive creation and first touches, are well under a second)."""
+    sides, warm = {}, {}
+    for fmt in formats:
+        try:
+            step, params, losses, _ = prepare(a, fmt)
+            for _ in range(a.warmup):
+                warm[fmt], _ = timed_cpu_step(step)
+            sides[fmt] = (step, params, losses)
+        except Exception as e:  # e.g. a layout this model's ops cannot take: the other may still run
+            out.setdefault("errors", {})[fmt] = reason(e)
+    if a.max_seconds > 0 and len(warm) > 1:
+        fastest = min(warm, key=warm.get)
+        for fmt in list(sides):
+            if warm.get(fmt, 0) > a.max_seconds and warm[fmt] > warm[fastest]:
+                out.setdefault("skipped", {})[fmt] = (
+                    f"not timed: its warm-up step took {warm[fmt]:.1f} s, {fastest}'s {warm[fastest]:.1f} s "
+                    f"(--max-seconds {a.max_seconds:g})")
+                del sides[fmt]
+    for fmt, (step, params, losses) in sides.items():
+        try:
+            times, cpu = [], []
+            for _ in range(a.steps):
+                t, c = timed_cpu_step(step)
+                times.append(t)
+                cpu.append(c)
+                if a.max_seconds > 0 and sum(times) >= a.max_seconds:
+                    break
+            out["results"][fmt] = summary(times, cpu, params, losses, a.batch)
+        except Exception as e:
+            out.setdefault("errors", {})[fmt] = reason(e)
+
+
 def run(a, memory_format):
-    if a.device.startswith("cuda"):
-        gc.collect()  # the other memory format's model, optimizer and activations, then their cached blocks
-        torch.cuda.empty_cache()
-    step, params, losses, cuda = prepare(a, memory_format)
-    # CUDA: the cache is emptied and the peaks restarted before the last warm-up step, as ampforge does: that step
-    # pays the cudaMalloc calls (not the first timed one) and the first warm-up step's cuDNN algorithm search (its
-    # trial workspaces) stays out of the peaks; with a single warm-up step, after it.
-    release_before = a.warmup - 1 if cuda and a.warmup >= 2 else -1
+    """CUDA: one memory format, warmed up and timed with CUDA events."""
+    gc.collect()  # the other memory format's model, optimizer and activations, then their cached blocks
+    torch.cuda.empty_cache()
+    step, params, losses, _ = prepare(a, memory_format)
+    # The cache is emptied and the peaks restarted before the last warm-up step, as ampforge does: that step pays the
+    # cudaMalloc calls (not the first timed one) and the first warm-up step's cuDNN algorithm search (its trial
+    # workspaces) stays out of the peaks; with a single warm-up step, after it.
+    release_before = a.warmup - 1 if a.warmup >= 2 else -1
     for i in range(a.warmup):
         if i == release_before:
             release_cached(a.device)
         step()
-    times, cpu = [], []
-    if cuda:
-        torch.cuda.synchronize(a.device)
-        if release_before < 0:
-            release_cached(a.device)
-        # Recorded on the current stream of the current device (main() selects a.device): the stream the steps use.
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
-        events[0].record()
-        for i in range(a.steps):
-            step()
-            events[i + 1].record()
-        torch.cuda.synchronize(a.device)
-        times = [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(a.steps)]
-    else:
-        for _ in range(a.steps):
-            t, c = timed_cpu_step(step)
-            times.append(t)
-            cpu.append(c)
-            if a.max_seconds > 0 and sum(times) >= a.max_seconds:
-                break
-    out = summary(times, cpu, params, losses, a.batch)
-    if cuda:
-        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(a.device)
-        out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(a.device)
+    torch.cuda.synchronize(a.device)
+    if release_before < 0:
+        release_cached(a.device)
+    # Recorded on the current stream of the current device (main() selects a.device): the stream the steps use.
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 1)]
+    events[0].record()
+    for i in range(a.steps):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize(a.device)
+    times = [events[i].elapsed_time(events[i + 1]) * 1e-3 for i in range(a.steps)]
+    out = summary(times, [], params, losses, a.batch)
+    out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(a.device)
+    out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(a.device)
     return out
 
 
@@ -336,6 +364,8 @@ def main():
             out["gpu"] = torch.cuda.get_device_name(dev)
         if a.serve:
             serve(a, formats, out)
+        elif not a.device.startswith("cuda"):
+            cpu_formats(a, formats, out)
         else:
             for fmt in formats:
                 try:

@@ -55,7 +55,7 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kBriefModels = {"resnet50", "bert-base", "yolov8n", "yolov8s"};
 
 // Sizes per model: the brief's on a GPU (or with --full); on a CPU reduced ones, so that the default table
-// (four models x three precisions, ampforge and the peer) finishes in minutes on two cores.
+// (four models x two precisions, ampforge and both peer columns) finishes in minutes on two cores.
 struct Sizes {
   int64_t batch, size;  // size: the square image side, or the sequence length for sequence models
 };
@@ -195,6 +195,9 @@ BenchSide parse_peer_result(const hw::SubprocessResult& r, const std::string& sc
     const std::string best = j.at("best").get<std::string>();
     const auto& b = j.at("results").at(best);
     s.memory_format = best;
+    if (j.contains("skipped"))
+      for (const auto& [fmt_name, why] : j.at("skipped").items())
+        s.skipped += (s.skipped.empty() ? "" : "; ") + fmt_name + " " + why.get<std::string>();
     s.step_seconds = b.at("seconds").get<std::vector<double>>();
     s.median_seconds = b.at("median").get<double>();
     s.samples_per_sec = b.at("samples_per_sec").get<double>();
@@ -410,7 +413,7 @@ int run_bench(const BenchFlags& f) {
   }
   std::vector<std::string> precisions =
       f.precisions.empty() ? (dev.is_cuda() ? std::vector<std::string>{"fp32", "tf32", "fp16", "bf16"}
-                                            : std::vector<std::string>{"fp32", "bf16", "fp16"})
+                                            : std::vector<std::string>{"fp32", "bf16"})
                            : split(f.precisions);
   for (const auto& p : precisions) train::bench_precision_from_string(p);
   const auto batches = parse_batches(f.batches);
@@ -633,7 +636,7 @@ Command add_bench_command(CLI::App& app) {
                   "Comma-separated models (default: the brief's resnet50, bert-base, yolov8n, yolov8s that this "
                   "build has; any `ampforge models` name works)");
   sub->add_option("--precisions", f->precisions, "Comma-separated: fp32, tf32 (CUDA), fp16, bf16 (default: CPU "
-                  "fp32,bf16,fp16; CUDA fp32,tf32,fp16,bf16)");
+                  "fp32,bf16, the 16-bit type of CPU autocast; CUDA fp32,tf32,fp16,bf16)");
   sub->add_option("--device", f->device, "cpu | cuda | cuda:N")->capture_default_str();
   sub->add_option("--batch", f->batches, "Per-model batch sizes: MODEL=N[,MODEL=N...] (default: see --full)");
   sub->add_option("--image-size", f->image_size, "Square image size for image models (default: per model)");

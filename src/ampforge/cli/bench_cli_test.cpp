@@ -261,7 +261,7 @@ case "$*" in
   *--max-seconds*) s='[30.0]';;
   *) s='[30.0, 30.0, 30.0]';;
 esac
-echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median\": 30.0, \"mean\": 30.0, \"samples_per_sec\": 0.25, \"parameters\": 421738, \"last_loss\": 2.3}}, \"best\": \"nchw\"}"
+echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median\": 30.0, \"mean\": 30.0, \"samples_per_sec\": 0.25, \"parameters\": 421738, \"last_loss\": 2.3}}, \"skipped\": {\"channels_last\": \"not timed: its warm-up step took 61.0 s, nchw's 31.0 s (--max-seconds 20)\"}, \"best\": \"nchw\"}"
 )SH";
   }
   ::chmod(py.c_str(), 0755);
@@ -271,7 +271,8 @@ echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median
   const CmdResult d = run_ampforge(base, false);
   ASSERT_EQ(d.code, 0) << d.out;
   EXPECT_NE(read_text(args).find("--max-seconds 20"), std::string::npos) << read_text(args);
-  EXPECT_NE(d.out.find("cnn fp32 PyTorch: 1 of 3 timed steps (30.0 s each: --peer-seconds stopped it)"),
+  EXPECT_NE(d.out.find("cnn fp32 PyTorch: 1 of 3 timed steps (30.0 s each: --peer-seconds stopped it); "
+                       "channels_last not timed: its warm-up step took 61.0 s, nchw's 31.0 s (--max-seconds 20)"),
             std::string::npos) << d.out;
   const fs::path md = tmp("capped.md");
   fs::remove(args);
@@ -288,6 +289,12 @@ echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median
   ASSERT_EQ(all.code, 0) << all.out;
   EXPECT_EQ(read_text(args).find("--max-seconds"), std::string::npos) << read_text(args);
   EXPECT_EQ(all.out.find("of 3 timed steps"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("cnn fp32 PyTorch: channels_last not timed"), std::string::npos) << all.out;
+  const CmdResult js = run_ampforge(base + " --json", false);
+  ASSERT_EQ(js.code, 0) << js.out;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["rows"][0]["peer"]["skipped"],
+            "channels_last not timed: its warm-up step took 61.0 s, nchw's 31.0 s (--max-seconds 20)") << js.out;
   const CmdResult bad = run_ampforge(base + " --peer-seconds -1");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("--peer-seconds must be between 0 and 1e6"), std::string::npos) << bad.out;
@@ -298,6 +305,17 @@ echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": $s, \"median
 // timed step of ours (none in the warm-up); its result object ends the conversation. A peer that dies mid-way is a
 // failed peer cell, not a hang; a peer that refuses the cell before its warm-up (PyTorch 1.13's CPU autocast has no
 // float16) is a failed cell with the peer's reason; --interleave without a peer is a usage error.
+// On a CPU the default table is fp32 and bf16 (CPU autocast's 16-bit type); fp16 is measured when asked for.
+TEST(BenchCli, CpuDefaultPrecisionsAreFp32AndBf16) {
+  const CmdResult r =
+      run_ampforge("bench --models cnn --batch cnn=4 --warmup 0 --steps 1 --threads 1 --peer none --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2u) << r.out;
+  EXPECT_EQ(j["rows"][0]["precision"], "fp32");
+  EXPECT_EQ(j["rows"][1]["precision"], "bf16");
+}
+
 TEST(BenchCli, InterleaveAsksThePeerForOneStepAfterEachOfOurs) {
   const fs::path py = tmp("fake_python_serve"), count = tmp("serve_steps");
   fs::remove(count);

@@ -49,6 +49,7 @@ nlohmann::json side_json(const BenchSide& s) {
   j["peak_allocated_bytes"] = s.peak_allocated_bytes >= 0 ? nlohmann::json(s.peak_allocated_bytes) : nlohmann::json();
   j["peak_reserved_bytes"] = s.peak_reserved_bytes >= 0 ? nlohmann::json(s.peak_reserved_bytes) : nlohmann::json();
   if (!s.memory_format.empty()) j["memory_format"] = s.memory_format;
+  if (!s.skipped.empty()) j["skipped"] = s.skipped;
   if (!s.profile.is_null()) j["profile"] = s.profile;
   return j;
 }
@@ -97,12 +98,19 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-// A side whose timed steps --peer-seconds stopped before --steps: "resnet50 bf16 PyTorch: 1 of 3 timed steps (13.3 s
-// each: --peer-seconds stopped it)"; "" otherwise.
+// A side whose steps --peer-seconds cut short: "resnet50 bf16 PyTorch: 1 of 3 timed steps (13.3 s each: --peer-seconds
+// stopped it)"; "" otherwise.
+// A layout the peer did not time adds "; channels_last not timed: its warm-up step took 312.4 s, nchw's 288.0 s".
 std::string capped_note(const BenchReport& r, const BenchRow& row, const char* who, const BenchSide& side) {
-  if (!side.ok || side.step_seconds.empty() || std::ssize(side.step_seconds) >= r.steps) return "";
-  return fmt::format("{} {} {}: {} of {} timed steps ({:.1f} s each: --peer-seconds stopped it)", row.model,
-                     row.precision, who, side.step_seconds.size(), r.steps, side.median_seconds);
+  if (!side.ok) return "";
+  const bool capped = !side.step_seconds.empty() && std::ssize(side.step_seconds) < r.steps;
+  if (!capped && side.skipped.empty()) return "";
+  std::string s = fmt::format("{} {} {}: ", row.model, row.precision, who);
+  if (capped)
+    s += fmt::format("{} of {} timed steps ({:.1f} s each: --peer-seconds stopped it)", side.step_seconds.size(),
+                     r.steps, side.median_seconds);
+  if (!side.skipped.empty()) s += (capped ? "; " : "") + side.skipped;
+  return s;
 }
 
 std::string header_lines(const BenchReport& r) {

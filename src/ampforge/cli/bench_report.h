@@ -24,6 +24,7 @@ struct BenchSide {
   double last_loss = 0;
   std::string timer;             // "cuda events" | "host clock"
   std::string memory_format;     // the peer's best layout ("nchw" | "channels_last"), or ampforge's
+  std::string skipped;           // the peer's layouts it did not time, and why ("channels_last: not timed: ..."); "" if none
   nlohmann::json profile;        // --profile (ampforge's side): the profiler's report of one extra step; null if not asked
 };
 
