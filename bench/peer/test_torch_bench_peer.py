@@ -44,3 +44,16 @@ def test_a_format_slower_to_warm_up_than_the_bound_is_not_timed():
 def test_an_unknown_model_is_an_error_object_not_a_crash():
     out = peer("--model", "no-such-model")
     assert "error" in out and "results" in out and not out["results"]
+
+
+def test_profile_is_one_more_step_of_the_best_format_by_operator():
+    out = peer("--profile")
+    assert "error" not in out, out
+    for fmt, result in out["results"].items():
+        assert ("profile" in result) == (fmt == out["best"]), result.keys()
+        assert len(result["seconds"]) == 2  # the profiled step is not a timed one
+    prof = out["results"][out["best"]]["profile"]
+    assert prof["step_ms"] > 0 and prof["ops"]
+    assert all(op["calls"] >= 1 and op["self_ms"] > 0 for op in prof["ops"])
+    assert [op["self_ms"] for op in prof["ops"]] == sorted((op["self_ms"] for op in prof["ops"]), reverse=True)
+    assert any("conv" in op["name"] for op in prof["ops"]), [op["name"] for op in prof["ops"]]

@@ -4,7 +4,7 @@
     python3 torch_bench_peer.py --model cnn|resnet50|... --precision fp32|tf32|fp16|bf16 --batch B
                                 [--image-size S] [--seq-len L] --steps N --warmup W [--device cpu|cuda[:N]]
                                 [--threads T] [--optimizer sgd|adamw] [--memory-format nchw|channels_last|both]
-                                [--compile] [--serve] [--max-seconds S]
+                                [--compile] [--serve] [--max-seconds S] [--profile]
 
 The step is the one ampforge times (src/ampforge/train/benchmark.h): zero_grad, forward under autocast for
 fp16/bf16 (plain for fp32/tf32), the task's loss, backward (through the CUDA GradScaler for fp16),
@@ -212,6 +212,34 @@ def summary(times, cpu, params, losses, batch):
     return out
 
 
+def profile_step(step, cuda, top=40):
+    """One more step under torch.profiler (not timed with the others): its wall time and the operators with the most
+    self time, as {"step_ms", "ops": [{"name", "calls", "self_ms", "total_ms"}]}; on CUDA self_ms is device time."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+
+    def self_us(e):
+        if cuda:
+            return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        return e.self_cpu_time_total
+
+    def total_us(e):
+        if cuda:
+            return getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        return e.cpu_time_total
+
+    events = sorted(prof.key_averages(), key=self_us, reverse=True)
+    ops = [{"name": e.key, "calls": e.count, "self_ms": self_us(e) / 1e3, "total_ms": total_us(e) / 1e3}
+           for e in events[:top] if self_us(e) > 0]
+    return {"step_ms": 1e3 * wall, "ops": ops}
+
+
 def release_cached(device):
     """Gives the caching allocator's free blocks back and restarts its peaks, as ampforge's bench does for its own
     (src/ampforge/train/benchmark.cpp), so that both memory columns hold what the steps need."""
@@ -255,6 +283,9 @@ def cpu_formats(a, formats, out):
             out["results"][fmt] = summary(times, cpu, params, losses, a.batch)
         except Exception as e:
             out.setdefault("errors", {})[fmt] = reason(e)
+    if a.profile and out["results"]:
+        best = min(out["results"], key=lambda k: out["results"][k]["median"])
+        out["results"][best]["profile"] = profile_step(sides[best][0], False)
 
 
 def run(a, memory_format):
@@ -284,6 +315,8 @@ def run(a, memory_format):
     out = summary(times, [], params, losses, a.batch)
     out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(a.device)
     out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(a.device)
+    if a.profile:
+        out["profile"] = profile_step(step, True)
     return out
 
 
@@ -342,6 +375,9 @@ def main():
                    help="torch.compile (inductor) the forward and the loss; at least two warm-up steps")
     p.add_argument("--max-seconds", type=float, default=0,
                    help="CPU: stop timing once the timed steps took this long (at least one step; 0: all --steps)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, one more step of the best memory format under torch.profiler "
+                        "(\"profile\": the operators with the most self time)")
     p.add_argument("--serve", action="store_true",
                    help="CPU: after the warm-up, time one step per memory format for each 'step' line on stdin")
     a = p.parse_args()

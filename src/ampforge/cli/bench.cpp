@@ -166,6 +166,7 @@ std::vector<std::string> peer_argv(const std::string& python, const std::string&
     argv.push_back("--max-seconds");
     argv.push_back(fmt::format("{}", f.peer_seconds));
   }
+  if (f.profile) argv.push_back("--profile");  // torch.profiler over one more step, beside ours
   return argv;
 }
 
@@ -206,6 +207,7 @@ BenchSide parse_peer_result(const hw::SubprocessResult& r, const std::string& sc
     s.last_loss = b.at("last_loss").get<double>();
     if (b.contains("peak_allocated_bytes")) s.peak_allocated_bytes = b.at("peak_allocated_bytes").get<int64_t>();
     if (b.contains("peak_reserved_bytes")) s.peak_reserved_bytes = b.at("peak_reserved_bytes").get<int64_t>();
+    if (b.contains("profile")) s.profile = b.at("profile");
   } catch (const std::exception& e) {
     s = BenchSide{};
     s.error = fmt::format("unreadable peer output ({})", e.what());
@@ -588,6 +590,10 @@ int run_bench(const BenchFlags& f) {
                                           row.peer, &rep.device_name);
         std::fprintf(stderr, row.compiled->ok ? " %.1f samples/s" : " failed", row.compiled->samples_per_sec);
       }
+      for (const auto& [who, side] : {std::pair<const char*, const std::optional<BenchSide>*>{"PyTorch", &row.peer},
+                                      {"PyTorch compiled", &row.compiled}})
+        if (*side && (*side)->ok && !(*side)->profile.is_null())
+          profile_text += fmt::format("\n{} {} batch {}, {}: {}", m, p, sz.batch, who, peer_profile_text((*side)->profile));
       if (row.input.empty())
         row.input = seq ? fmt::format("seq {}", sz.size) : sz.size > 0 ? fmt::format("{0}x{0}", sz.size) : "default";
       if (max_batch_budget > 0) {
@@ -657,7 +663,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_flag("--nchw", f->nchw, "Images in NCHW layout");
   sub->add_flag("--cuda-graphs", f->cuda_graphs, "CUDA: capture each training step once and replay it");
   sub->add_flag("--profile", f->profile, "After each cell's timed steps, profile one more step of ampforge's (ops, "
-                "phases; kernels on a GPU) and print the report on stderr (in --json: each cell's \"profile\")");
+                "phases; kernels on a GPU) and of the peer's (torch.profiler) and print the reports on stderr (in "
+                "--json: each cell's \"profile\")");
   sub->add_flag("--recompute", f->recompute, "Steps as `ampforge train --recompute` runs them (cheap activations "
                 "rebuilt in backward; the peer keeps its default)");
   sub->add_flag("--full", f->full, "The brief's batch sizes on any device (a GPU gets them by default)");

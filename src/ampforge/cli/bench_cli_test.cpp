@@ -117,6 +117,45 @@ TEST(BenchCli, ProfileReportsOneExtraStepPerCell) {
   EXPECT_FALSE(nlohmann::json::parse(plain.out)["rows"][0]["ampforge"].contains("profile"));
 }
 
+// --profile asks the peer for torch.profiler's view of one more step too, and prints it after ours.
+TEST(BenchCli, ProfileAsksThePeerForItsOwnProfile) {
+  const fs::path py = tmp("fake_python_profile"), args = tmp("profile_args");
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\nARGS_FILE=" << args.string() << "\n"
+      << R"SH(if [ "$1" = "-c" ]; then echo 2.14.1-fake; exit 0; fi
+echo "$*" >> "$ARGS_FILE"
+case "$*" in
+  *--profile*) p=', "profile": {"step_ms": 40.0, "ops": [{"name": "aten::convolution_backward", "calls": 2, "self_ms": 10.0, "total_ms": 10.5}]}';;
+  *) p='';;
+esac
+echo "{\"torch\": \"2.14.1\", \"results\": {\"nchw\": {\"seconds\": [0.04], \"median\": 0.04, \"mean\": 0.04, \"samples_per_sec\": 200.0, \"parameters\": 421738, \"last_loss\": 2.3$p}}, \"best\": \"nchw\"}"
+)SH";
+  }
+  ::chmod(py.c_str(), 0755);
+  const std::string base = "bench --models cnn --precisions fp32 --batch cnn=8 --warmup 0 --steps 1 --threads 1 "
+                           "--no-compile --peer " + py.string();
+  fs::remove(args);
+  const CmdResult text = run_ampforge(base + " --profile", /*with_stderr=*/true);
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(read_text(args).find("--profile"), std::string::npos) << read_text(args);
+  EXPECT_NE(text.out.find("cnn fp32 batch 8, PyTorch: one profiled step (torch.profiler, not timed), 40.0 ms"),
+            std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("aten::convolution_backward"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("25.0%"), std::string::npos) << text.out;
+  const CmdResult js = run_ampforge(base + " --profile --json", false);
+  ASSERT_EQ(js.code, 0) << js.out;
+  EXPECT_EQ(nlohmann::json::parse(js.out)["rows"][0]["peer"]["profile"]["ops"][0]["name"],
+            "aten::convolution_backward") << js.out;
+  fs::remove(args);
+  const CmdResult plain = run_ampforge(base + " --json", false);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(read_text(args).find("--profile"), std::string::npos) << read_text(args);
+  EXPECT_FALSE(nlohmann::json::parse(plain.out)["rows"][0]["peer"].contains("profile"));
+  fs::remove(args);
+  fs::remove(py);
+}
+
 // A stand-in for the peer's interpreter: answers the torch probe, and the peer script's invocation with the
 // JSON the script prints (0.5 s per step; fp16 fails as PyTorch 1.13's CPU autocast does), so the ratio and
 // the failure display can be checked exactly.

@@ -146,6 +146,22 @@ std::string header_lines(const BenchReport& r) {
 
 }  // namespace
 
+std::string peer_profile_text(const nlohmann::json& profile) {
+  try {
+    const double step_ms = profile.at("step_ms").get<double>();
+    std::string s = fmt::format("one profiled step (torch.profiler, not timed), {:.1f} ms\n", step_ms);
+    s += fmt::format("  {:<48} {:>6} {:>10} {:>6}\n", "operator", "calls", "self ms", "%step");
+    for (const auto& op : profile.at("ops")) {
+      const double self_ms = op.at("self_ms").get<double>();
+      s += fmt::format("  {:<48} {:>6} {:>10.2f} {:>5.1f}%\n", op.at("name").get<std::string>(),
+                       op.at("calls").get<int64_t>(), self_ms, step_ms > 0 ? 100.0 * self_ms / step_ms : 0.0);
+    }
+    return s;
+  } catch (const std::exception& e) {
+    return fmt::format("unreadable profile from the peer ({})\n", e.what());
+  }
+}
+
 nlohmann::json bench_to_json(const BenchReport& r) {
   nlohmann::json j;
   j["schema"] = "ampforge-bench v1";

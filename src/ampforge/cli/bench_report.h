@@ -88,6 +88,9 @@ void compute_derived(BenchReport& r);
 
 nlohmann::json bench_to_json(const BenchReport& r);
 std::string bench_table(const BenchReport& r);     // for the terminal
+// A peer cell's "profile" (torch_bench_peer.py --profile: {"step_ms", "ops": [{"name", "calls", "self_ms",
+// "total_ms"}]}) as text: the profiled step's time and its operators by self time; a malformed one says so.
+std::string peer_profile_text(const nlohmann::json& profile);
 std::string bench_markdown(const BenchReport& r);  // a Markdown table with a header paragraph
 // One bar per measured side of each cell (ampforge and peer), grouped by model, the FP32 rows first.
 std::string bench_svg(const BenchReport& r);
