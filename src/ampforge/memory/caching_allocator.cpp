@@ -214,15 +214,18 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
 
 CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId stream) {
   const bool small = size <= config_.small_max;
-  Block* b = config_.cache ? find_free(small, stream, size) : nullptr;
+  Fit f = config_.cache ? find_free(small, stream, size) : Fit{};
   // Coalesce the held blocks before asking the provider for anything: for a new segment, or (expandable
   // segments) for physical memory behind granules that are not mapped yet.
-  if (!held_.empty() && (b == nullptr || unmapped_granules(b, size, 1) > 0)) {
+  if (!held_.empty() &&
+      (f.block == nullptr || unmapped_granules(*f.block->segment, f.addr(size), size, 1) > 0)) {
     flush_held();
-    b = find_free(small, stream, size);
+    f = find_free(small, stream, size);
   }
+  Block* b = f.block;
   if (b != nullptr) {
     pool(small).erase(b);
+    if (f.tail) b = split_tail(b, size);
   } else {
     b = expandable_ ? new_expandable_range(size, small, stream) : new_plain_segment(size, small, stream);
     if (b == nullptr) return nullptr;
@@ -235,50 +238,79 @@ CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId st
   return b;
 }
 
-CachingAllocator::Block* CachingAllocator::find_free(bool small, StreamId stream, size_t size) {
+CachingAllocator::Fit CachingAllocator::find_free(bool small, StreamId stream, size_t size) {
   FreeSet& set = pool(small);
   Block key;
   key.stream = stream;
   key.size = size;
   auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
+  if (it == set.end() || (*it)->stream != stream) return {};
+  constexpr int kCandidates = 8;
+  if (expandable_ && !config_.torch_rules) {
+    // Reserved memory at a peak is the granules that live blocks touch: what a placement costs is the granules
+    // it touches that no live block does yet (a free block's interior granules; its edge granules when no live
+    // neighbour shares them). Placing the request at the start or at the end of a free block lets it share the
+    // edge granule of either neighbour; with best fit alone (always the start) small blocks would each start a
+    // granule of their own while the unused ends of their neighbours' granules stayed empty. Then the fewest
+    // unmapped granules: address space is plentiful, map/unmap calls are not (each is a driver call on a GPU).
+    // Then the better fit. Only the few best-fitting blocks are looked at: the request is served in bounded
+    // time, and looking further did not lower the peaks of the test traces (docs/MEMORY.md, "Random mixes and
+    // the 1.05 bound").
+    Fit best;
+    size_t best_new = SIZE_MAX, best_unmapped = SIZE_MAX;
+    for (int n = 0; n < kCandidates && it != set.end() && (*it)->stream == stream; ++n, ++it) {
+      Block* c = *it;
+      for (int tail = 0; tail < (c->size > size ? 2 : 1); ++tail) {
+        const Fit fit{c, tail == 1};
+        const uintptr_t addr = fit.addr(size);
+        const size_t fresh = untouched_granules(c, addr, size);
+        if (fresh > best_new) continue;
+        const size_t unmapped =
+            unmapped_granules(*c->segment, addr, size, fresh < best_new ? SIZE_MAX : best_unmapped);
+        if (fresh == best_new && unmapped >= best_unmapped) continue;
+        best = fit;
+        best_new = fresh;
+        best_unmapped = unmapped;
+      }
+      if (best_new == 0 && best_unmapped == 0) break;  // nothing to map, nothing new touched: a cache hit
+    }
+    return best;
+  }
   Block* b = *it;
   if (expandable_) {
-    // Among the few best-fitting blocks, take the one that needs the fewest granules mapped: address space
-    // is plentiful, map/unmap calls are not (each is a driver call on a GPU). A fully mapped best fit, the
-    // usual cache hit, is taken at once.
-    constexpr int kCandidates = 8;
+    // PyTorch's expandable segments: among the few best-fitting blocks, the one that needs the fewest granules
+    // mapped.
     Block* best = nullptr;
     size_t best_need = SIZE_MAX;
     for (int n = 0; n < kCandidates && it != set.end() && (*it)->stream == stream; ++n, ++it) {
       Block* c = *it;
-      const size_t need = unmapped_granules(c, size, best_need);
+      const size_t need = unmapped_granules(*c->segment, c->addr, size, best_need);
       if (need < best_need) {
         best = c;
         best_need = need;
         if (need == 0) break;
       }
     }
-    if (!config_.torch_rules || best == nullptr) return best;
+    if (best == nullptr) return {};
     // PyTorch's oversize rules look at a block's mapped size; the free end of a range, mostly unmapped address
     // space, is where PyTorch would map new pages instead, which it may always do.
-    if (unmapped_granules(best, best->size, 1) > 0) return best;
+    if (unmapped_granules(*best->segment, best->addr, best->size, 1) > 0) return {best};
     b = best;
   }
   if (config_.torch_rules) {
     // get_free_block: no oversize block for a request below max_split_size; an oversize request takes an
     // oversize block only when less than oversize_slack larger.
-    if (size < config_.max_split_size && b->size >= config_.max_split_size) return nullptr;
-    if (size >= config_.max_split_size && b->size >= size + config_.oversize_slack) return nullptr;
-    return b;
+    if (size < config_.max_split_size && b->size >= config_.max_split_size) return {};
+    if (size >= config_.max_split_size && b->size >= size + config_.oversize_slack) return {};
+    return {b};
   }
   if (config_.max_split_size != SIZE_MAX) {
     // b is the smallest block that fits. Oversize blocks (never split) serve only oversize requests,
     // and only when they waste at most 1/8 of the request.
-    if (size <= config_.max_split_size && b->size > config_.max_split_size) return nullptr;
-    if (size > config_.max_split_size && b->size - size > size / 8) return nullptr;
+    if (size <= config_.max_split_size && b->size > config_.max_split_size) return {};
+    if (size > config_.max_split_size && b->size - size > size / 8) return {};
   }
-  return b;
+  return {b};
 }
 
 CachingAllocator::Block* CachingAllocator::new_plain_segment(size_t size, bool small, StreamId stream) {
@@ -360,6 +392,22 @@ void CachingAllocator::split(Block* b, size_t size) {
   b->next = r;
   b->size = size;
   pool(b->segment->small).insert(r);
+}
+
+CachingAllocator::Block* CachingAllocator::split_tail(Block* b, size_t size) {
+  if (b->size == size) return b;
+  Block* r = new_block();
+  r->addr = b->addr + b->size - size;
+  r->size = size;
+  r->segment = b->segment;
+  r->stream = b->stream;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next != nullptr) b->next->prev = r;
+  b->next = r;
+  b->size -= size;
+  pool(b->segment->small).insert(b);
+  return r;
 }
 
 // ---- expandable segments: granules ------------------------------------------------------------------
@@ -492,12 +540,21 @@ void CachingAllocator::free(void* ptr) noexcept {
   finish_free(b);
 }
 
-size_t CachingAllocator::unmapped_granules(const Block* b, size_t size, size_t stop) const {
-  const Segment& s = *b->segment;
+size_t CachingAllocator::unmapped_granules(const Segment& s, uintptr_t addr, size_t size, size_t stop) const {
   if (!s.expandable) return 0;
-  const auto [first, last] = granules_of(s, b->addr, size);
+  const auto [first, last] = granules_of(s, addr, size);
   size_t n = 0;
   for (size_t i = first; i <= last && n < stop; ++i) n += !s.granules[i].mapped;
+  return n;
+}
+
+size_t CachingAllocator::untouched_granules(const Block* free, uintptr_t addr, size_t size) const {
+  // The granules inside a free block other than its first and last are touched by no other block.
+  const Segment& s = *free->segment;
+  const auto [first, last] = granules_of(s, addr, size);
+  size_t n = last - first + 1;
+  if (s.granules[first].live > 0) --n;
+  if (last != first && s.granules[last].live > 0) --n;
   return n;
 }
 

@@ -8,6 +8,11 @@
 //   2. Best fit: the smallest free block of the pool and stream that is large enough (ties: lowest
 //      address). With plain segments, blocks larger than max_split_size are never split: they serve only
 //      requests larger than max_split_size that waste at most 1/8 of the block.
+//      Expandable segments (ampforge rules): among the 8 best-fitting free blocks, the request goes at the
+//      start or the end of one, wherever it touches the fewest granules that no live block touches yet, then
+//      the fewest unmapped granules, then the better fit. Reserved memory at a peak is the granules live
+//      blocks touch, so a request that fits in the unused part of a granule a live neighbour already holds
+//      costs nothing there, where best fit alone would start a granule of its own.
 //   3. No fit: new memory from the provider.
 //        plain segments      a segment of: 2 MiB (small pool), 20 MiB (requests under 10 MiB), or the
 //                            request rounded up to 2 MiB (config; the naive preset asks for exactly the
@@ -241,11 +246,20 @@ class CachingAllocator final : public Allocator {
   FreeSet& pool(bool small) { return small ? small_free_ : large_free_; }
   Block* new_block();
   void delete_block(Block* b);
-  Block* find_free(bool small, StreamId stream, size_t size);
+  // Where a request goes: the first `size` bytes of `block`, or with `tail` its last (null: no free block).
+  struct Fit {
+    Block* block = nullptr;
+    bool tail = false;
+    uintptr_t addr(size_t size) const { return tail ? block->addr + block->size - size : block->addr; }
+  };
+  Fit find_free(bool small, StreamId stream, size_t size);
   Block* try_allocate(size_t size, StreamId stream);
   Block* new_plain_segment(size_t size, bool small, StreamId stream);
   Block* new_expandable_range(size_t size, bool small, StreamId stream);
   void split(Block* b, size_t size);
+  // Free block b (out of its pool) split so that its last `size` bytes are a block, which is returned; the
+  // rest goes back to the pool.
+  Block* split_tail(Block* b, size_t size);
   bool map_block(Block* b, StreamId stream);
   void unmap_block_refs(Block* b);
   void take_granule(Segment& s, size_t index);
@@ -272,9 +286,11 @@ class CachingAllocator final : public Allocator {
     if (s.page == 1) return {first, last};
     return {first / s.page * s.page, std::min(s.granules.size() - 1, (last / s.page + 1) * s.page - 1)};
   }
-  // Unmapped granules under the first `size` bytes of b (expandable segments; 0 otherwise), counting
-  // stops at `stop`.
-  size_t unmapped_granules(const Block* b, size_t size, size_t stop = SIZE_MAX) const;
+  // Unmapped granules under bytes [addr, addr + size) of segment s (expandable segments; 0 otherwise),
+  // counting stops at `stop`.
+  size_t unmapped_granules(const Segment& s, uintptr_t addr, size_t size, size_t stop = SIZE_MAX) const;
+  // Granules under bytes [addr, addr + size) of free block `free` that no live block touches (expandable).
+  size_t untouched_granules(const Block* free, uintptr_t addr, size_t size) const;
   void release_held(size_t index);
   void flush_held();
   // Waits, with `lock` released, for the streams whose work keeps memory from being reused: those of the

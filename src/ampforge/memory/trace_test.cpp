@@ -132,20 +132,25 @@ TEST(Trace, CommittedTracesStayWithin5PercentOfPeakLive) {
   }
 }
 
-// Random mixes (synthetic.h) at a quarter of full size, peak live 0.5-3 GiB: the ampforge policy stays within 1.05x.
-// Smaller mixes do not: at scale 0.1 (peak live ~0.4 GiB) many-sizes reaches 1.04-1.07 whatever the allocator
-// version, since a few dozen 2 MiB granules held by scattered small blocks are already 5% (docs/MEMORY.md, "Random
-// mixes and the 1.05 bound").
+// Random mixes (synthetic.h), seeds 1-8: the ampforge policy stays within 1.05x of peak live at a quarter of full size
+// (peak live 0.5-3 GiB) and, for many-sizes and cnn, at a tenth (many-sizes: peak live ~0.4 GiB, 1.032-1.047; it needs
+// find_free's placement beside live neighbours, which best fit alone takes to 1.04-1.07). varlen at a tenth is not
+// held to it: 1.07-1.10; its peak live of 142 MiB is 71 granules, and at the peak 5-7 granules' worth lies unused at
+// the edges of the holes that freed temporaries leave between live blocks (docs/MEMORY.md, "Random mixes and the
+// 1.05 bound").
 TEST(Trace, RandomMixesStayWithin5PercentOfPeakLive) {
-  for (const std::string name : {"many-sizes", "varlen", "cnn"}) {
-    for (uint64_t seed = 1; seed <= (name == "many-sizes" ? 6u : 2u); ++seed) {
-      SyntheticOptions o;
-      o.scale = 0.25;
-      o.seed = seed;
-      const ReplayResult r = trace_replay(synthetic_trace(name, o), PolicyConfig::ampforge());
-      EXPECT_LE(r.ratio, 1.05) << name << " seed " << seed << ": peak live " << r.peak_live << ", reserved "
-                               << r.peak_reserved;
-      EXPECT_GE(r.ratio, 1.0) << name << " seed " << seed;
+  for (const double scale : {0.1, 0.25}) {
+    for (const std::string name : {"many-sizes", "varlen", "cnn"}) {
+      if (scale == 0.1 && name == "varlen") continue;
+      for (uint64_t seed = 1; seed <= 8; ++seed) {
+        SyntheticOptions o;
+        o.scale = scale;
+        o.seed = seed;
+        const ReplayResult r = trace_replay(synthetic_trace(name, o), PolicyConfig::ampforge());
+        EXPECT_LE(r.ratio, 1.05) << name << " scale " << scale << " seed " << seed << ": peak live " << r.peak_live
+                                 << ", reserved " << r.peak_reserved;
+        EXPECT_GE(r.ratio, 1.0) << name << " scale " << scale << " seed " << seed;
+      }
     }
   }
 }
