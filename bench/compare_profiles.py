@@ -7,7 +7,8 @@ peer's (torch.profiler) put into the same kinds of work, and the kinds sorted by
 
 Both profiles are of one more step after the timed ones, so each side's total is its own profiled step (ampforge:
 its profiler's wall time of the step; PyTorch: the step's wall time under torch.profiler, which adds its own
-overhead per operator). Self times are compared: an operator's own time, without the operators it called. A kind's
+overhead per operator; on a CPU it also times the step's forward, backward and optimizer parts, printed beside
+ampforge's phases). Self times are compared: an operator's own time, without the operators it called. A kind's
 names are regular expressions over both sides' operator names; what no kind matches is listed as "other" with its
 names, so that a reader sees what was not classified.
 """
@@ -36,8 +37,10 @@ KINDS = [
      r"aten::(max_pool2d_with_indices(_backward)?|avg_pool2d(_backward)?|adaptive_avg_pool2d|mean|"
      r"_adaptive_avg_pool2d(_backward)?)"),
     ("optimizer", r"(sgd|adamw|adam)_step.*|zero_grad", r"aten::(_foreach_.*|_fused_(sgd|adamw?)_?)|Optimizer\..*"),
-    ("element-wise and reductions", r"(add|sub|mul|div|sum|add_|mul_|neg|exp|log|pow|sqrt|where|clamp|"
-                                    r"masked_fill|sum_to|reduce.*|broadcast.*)",
+    ("dropout", r"dropout(_backward)?", r"aten::(bernoulli_|native_dropout(_backward)?|dropout)"),
+    ("element-wise and reductions", r"(add|sub|mul|div|sum|neg|exp|log|pow|sqrt|rsqrt|where|clamp|masked_fill|"
+                                    r"sum_to|reduce.*|broadcast.*|max|min|mean|abs|sign|eq|ne|gt|lt|ge|le|isinf|"
+                                    r"isnan|isfinite|minimum|maximum)(_scalar|_tensor|_inplace|_)?",
      r"aten::(add|add_|sub|sub_|mul|mul_|div|div_|sum|neg|exp|log|pow|sqrt|rsqrt|where|clamp|masked_fill_?|"
      r"clone|cat|stack|index.*|gather|scatter.*|embedding.*|nonzero|any|all|eq|ne|gt|lt|ge|le|max|min|topk|sort|"
      r"argmax|cumsum|ones_like|zeros_like|arange|linspace)"),
@@ -80,7 +83,11 @@ def classify(row):
         e[1] += op["self_ms"]
         if k == "other":
             e[2]["torch " + op["name"]] = op["self_ms"]
-    return kinds, ours["step"]["step_ns"] / 1e6, peer["step_ms"]
+    phases = {}
+    if "phases_ms" in peer:
+        for ph in ("forward", "backward", "optimizer"):
+            phases[ph] = (ours["step"].get(ph + "_ns", 0) / 1e6, peer["phases_ms"].get(ph, 0.0))
+    return kinds, ours["step"]["step_ns"] / 1e6, peer["step_ms"], phases
 
 
 def main():
@@ -98,13 +105,14 @@ def main():
     out = []
     for row in rows:
         try:
-            kinds, ours_ms, peer_ms = classify(row)
+            kinds, ours_ms, peer_ms, phases = classify(row)
         except ValueError as e:
             print(f"compare_profiles: {e}", file=sys.stderr)
             return 2
         order = sorted(kinds.items(), key=lambda kv: kv[1][0] - kv[1][1], reverse=True)
         cell = {"model": row["model"], "precision": row["precision"], "ampforge_step_ms": ours_ms,
                 "peer_step_ms": peer_ms, "peer_memory_format": row["peer"].get("memory_format"),
+                "phases": {ph: {"ampforge_ms": o, "peer_ms": t} for ph, (o, t) in phases.items()},
                 "kinds": [{"kind": k, "ampforge_ms": v[0], "peer_ms": v[1], "difference_ms": v[0] - v[1],
                            **({"names": v[2]} if v[2] else {})} for k, v in order]}
         out.append(cell)
@@ -113,6 +121,9 @@ def main():
         print(f"\n{row['model']} {row['precision']} batch {row['batch']} {row['input']}: one profiled step, ampforge "
               f"{ours_ms:.1f} ms, PyTorch {peer_ms:.1f} ms ({row['peer'].get('memory_format', '?')}); self time "
               f"per kind, ampforge - PyTorch, largest first")
+        if phases:
+            print("  phases, ms (ampforge / PyTorch): " +
+                  ", ".join(f"{ph} {o:.1f} / {t:.1f}" for ph, (o, t) in phases.items()))
         print(f"  {'kind':<30} {'ampforge ms':>12} {'PyTorch ms':>11} {'difference':>11}")
         for c in cell["kinds"]:
             print(f"  {c['kind']:<30} {c['ampforge_ms']:>12.1f} {c['peer_ms']:>11.1f} {c['difference_ms']:>+11.1f}")

@@ -17,12 +17,13 @@ def theirs(name, ms):
 
 
 ROW = {"model": "resnet50", "precision": "bf16", "batch": 8, "input": "224x224",
-       "ampforge": {"profile": {"step": {"step_ns": 100_000_000},
+       "ampforge": {"profile": {"step": {"step_ns": 100_000_000, "forward_ns": 40_000_000, "backward_ns": 55_000_000,
+                                         "optimizer_ns": 5_000_000},
                                 "ops": [ours("conv2d", 30), ours("conv2d_backward_input", 20),
                                         ours("conv2d_backward_weight", 25), ours("batch_norm", 5),
                                         ours("sgd_step", 2), ours("mystery_op", 2.5)]}},
        "peer": {"memory_format": "channels_last",
-                "profile": {"step_ms": 90.0,
+                "profile": {"step_ms": 90.0, "phases_ms": {"forward": 30.0, "backward": 57.0, "optimizer": 3.0},
                             "ops": [theirs("aten::mkldnn_convolution", 20), theirs("aten::convolution_backward", 50),
                                     theirs("aten::native_batch_norm", 6), theirs("aten::_foreach_add_", 1),
                                     theirs("aten::lerp_", 0.5)]}}}
@@ -47,12 +48,14 @@ def test_kinds_are_matched_across_frameworks_and_ordered_by_difference(tmp_path)
     diffs = [k["difference_ms"] for k in cell["kinds"]]
     assert diffs == sorted(diffs, reverse=True) and cell["kinds"][0]["kind"] == "convolution forward"
     assert cell["ampforge_step_ms"] == 100 and cell["peer_step_ms"] == 90
+    assert cell["phases"]["backward"] == {"ampforge_ms": 55, "peer_ms": 57}
 
 
 def test_text_names_the_kinds_where_ampforge_is_slower(tmp_path):
     r = run(tmp_path, [ROW], "--top", "2")
     assert r.returncode == 0, r.stderr
     assert "ampforge slower in: convolution forward (+10.0 ms), other (+2.0 ms)" in r.stdout, r.stdout
+    assert "phases, ms (ampforge / PyTorch): forward 40.0 / 30.0, backward 55.0 / 57.0, optimizer 5.0 / 3.0" in r.stdout
 
 
 def test_a_row_without_profiles_or_a_file_that_is_not_bench_output_is_exit_2(tmp_path):

@@ -274,9 +274,13 @@ def big_snapshot(n, path):
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--big":
+    if len(sys.argv) == 4 and sys.argv[1] == "--big" and sys.argv[2].isdigit():
         big_snapshot(int(sys.argv[2]), sys.argv[3])
         return
+    if len(sys.argv) > 1:  # --help, or anything else: the usage, and nothing is rewritten
+        usage = __doc__.split("\n\n")[1]
+        print(usage, file=sys.stdout if sys.argv[1] in ("-h", "--help") else sys.stderr)
+        sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
     OUT.mkdir(parents=True, exist_ok=True)
     SEEDS.mkdir(parents=True, exist_ok=True)
     files = {

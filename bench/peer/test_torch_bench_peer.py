@@ -57,3 +57,7 @@ def test_profile_is_one_more_step_of_the_best_format_by_operator():
     assert all(op["calls"] >= 1 and op["self_ms"] > 0 for op in prof["ops"])
     assert [op["self_ms"] for op in prof["ops"]] == sorted((op["self_ms"] for op in prof["ops"]), reverse=True)
     assert any("conv" in op["name"] for op in prof["ops"]), [op["name"] for op in prof["ops"]]
+    # The optimizer's element-wise updates count under its own range, not as the model's aten::add_.
+    assert any(op["name"].startswith("Optimizer.step#SGD.step") for op in prof["ops"]), [op["name"] for op in prof["ops"]]
+    assert set(prof["phases_ms"]) == {"forward", "backward", "optimizer"}
+    assert 0 < sum(prof["phases_ms"].values()) <= prof["step_ms"] * 1.01
