@@ -27,8 +27,9 @@
 //    GPUs, do;
 //  - weight gradients of strided convolutions with >= 32 channels run on the direct kernels for nChw16c
 //    (blocked_weight_grad_fits);
-//  - both gradients of 1x1 unpadded F32 convolutions on channels-last activations are GEMMs (run_pointwise_gemm).
-// "direct" turns all three off. oneDNN's Winograd and blocked kernels read and write the blocked nChw16c layout
+//  - both gradients of 1x1 unpadded F32 convolutions on channels-last activations are GEMMs (run_pointwise_gemm);
+//    BF16 ones at stride 1 are oneDNN BF16 matrix products (run_pointwise_bf16_matmul).
+// "direct" turns them all off. oneDNN's Winograd and blocked kernels read and write the blocked nChw16c layout
 // only, so these primitives copy the activations in (nhwc/nchw -> nChw16c) and the result out, around the call
 // (0.1-0.3 ms per copy of ResNet-50's 14x14-28x28 activations at batch 8).
 // AMPFORGE_CPU_CONV_ALGO=benchmark replaces that rule by a measurement, as cuDNN's benchmark mode does: the
@@ -50,6 +51,7 @@
 // gradients of BF16 convolutions) are per-thread buffers reused from call to call: thread_scratch.h says why.
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/bf16_compute.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/backends/cpu/thread_scratch.h"
 
 #include <atomic>
@@ -644,6 +646,31 @@ bool run_pointwise_gemm(const Problem& p) {
   return true;
 }
 
+// The BF16 gradients of a 1x1, stride-1, unpadded, ungrouped convolution on channels-last activations, as oneDNN BF16
+// matrix products of the tensors as they lie (the products of run_pointwise_gemm, with M = N*H*W):
+//   input gradient   gx (M, C)  = gy (M, Co) @ w (Co, C)
+//   weight gradient  gw (Co, C) = gy^T (Co, M) @ x (M, C)
+// oneDNN 2.6's BF16 matmul (brgemm, on AMX where the CPU has it) runs these long-K products faster than its BF16 1x1
+// backward-weights kernel (ResNet-50 b8 224 bf16 step, docs/PERFORMANCE.md). The forward stays on the convolution
+// primitive. false: not such a problem, or no native BF16 matmul here (onednn_matmul declines: then the convolution
+// primitive runs it, as on CPUs where bf16_compute.h chose the F32 way).
+bool run_pointwise_bf16_matmul(const Problem& p) {
+  const Conv2dAttrs& a = *p.a;
+  const Tensor& w = *p.weight;
+  const Tensor &img = *p.image, &out = *p.out;
+  if (p.dir == Dir::Forward || p.dtype != DType::BF16 || a.groups != 1 || w.size(2) != 1 || w.size(3) != 1 ||
+      a.padding[0] != 0 || a.padding[1] != 0 || a.stride[0] != 1 || a.stride[1] != 1 ||
+      !img.is_contiguous(MemoryFormat::ChannelsLast) || !out.is_contiguous(MemoryFormat::ChannelsLast) ||
+      !w.is_contiguous())
+    return false;
+  const int64_t Co = w.size(0), C = w.size(1), M = img.size(0) * img.size(2) * img.size(3);
+  const Tensor x_m = img.as_strided_raw(Shape{1, M, C}, Strides{0, C, 1}, img.offset());
+  const Tensor w_m = w.as_strided_raw(Shape{1, Co, C}, Strides{0, C, 1}, w.offset());
+  if (p.dir == Dir::BackwardInput)
+    return onednn_matmul(out.as_strided_raw(Shape{1, M, Co}, Strides{0, Co, 1}, out.offset()), w_m, x_m);
+  return onednn_matmul(out.as_strided_raw(Shape{1, Co, M}, Strides{0, 1, Co}, out.offset()), x_m, w_m);
+}
+
 bool run(const Problem& p) {
   if (!onednn_dtype(p.dtype) || p.image->size(0) == 0) return false;
   const int threads = onednn::set_threads_for_call();
@@ -653,6 +680,11 @@ bool run(const Problem& p) {
   q.variant = algo == CpuConvAlgo::Auto ? auto_variant(p) : Variant::Direct;
   if (algo != CpuConvAlgo::Direct && run_pointwise_gemm(q)) {
     set_last_impl("sgemm (1x1 as a matrix product)");
+    g_executions.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  if (algo != CpuConvAlgo::Direct && run_pointwise_bf16_matmul(q)) {
+    set_last_impl("BF16 matmul (1x1 as a matrix product): " + onednn_matmul_last_impl());
     g_executions.fetch_add(1, std::memory_order_relaxed);
     return true;
   }

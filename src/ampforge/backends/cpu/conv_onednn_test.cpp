@@ -20,6 +20,7 @@
 
 #include "ampforge/backends/cpu/conv_onednn.h"
 #include "ampforge/backends/cpu/conv_test_util.h"
+#include "ampforge/backends/cpu/matmul_onednn.h"
 #include "ampforge/core/tolerance.h"
 #include "ampforge/core/tolerance_testutil.h"
 #include "ampforge/ops/ops.h"
@@ -460,6 +461,37 @@ TEST(OneDnnConv, PointwiseGradientsRunAsMatrixProducts) {
     }
   }
   }
+}
+
+TEST(OneDnnConv, Bf16PointwiseGradientsRunAsBf16MatrixProducts) {
+  // 1x1 stride-1 BF16 convolutions on channels-last activations with oneDNN's BF16 kernels: where the BF16 matmul is
+  // active (native BF16 on this CPU), both gradients are oneDNN BF16 matrix products, for more output than input
+  // channels and fewer, and agree with im2col within the BF16 row (the weight gradient sums 3*7*5 terms); stride 2
+  // and AMPFORGE_CPU_CONV_ALGO=direct stay on the convolution primitive. Where the matmul is not active, the
+  // convolution primitive runs them.
+  if (!cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN (AMPFORGE_ONEDNN)";
+  const ScopedEnv native("AMPFORGE_CPU_BF16", "native");
+  const bool matmul = cpu::onednn_bf16_matmul_active();
+  for (const auto& [C, Co] : {std::pair<int64_t, int64_t>{24, 40}, {40, 24}})
+    for (int64_t stride : {1, 2}) {
+      const std::string what = fmt::format("{} -> {}, stride {}", C, Co, stride);
+      const Conv2dAttrs a = conv_attrs(stride, stride, 0, 0, 1, 1, 1);
+      Tensor x = rnd({3, C, 7, 5}, DType::BF16, kNHWC), w = rnd({Co, C, 1, 1}, DType::BF16);
+      Tensor gy = rnd(ops::conv2d_output_shape(x.shape(), w.shape(), a), DType::BF16, kNHWC);
+      int64_t n = 0;
+      const ConvRun ref = run_on("im2col", x, w, Tensor(), gy, a, &n);
+      const ScopedEnv algo("AMPFORGE_CPU_CONV_ALGO", "auto");
+      const ConvRun got = run_on("onednn", x, w, Tensor(), gy, a, &n);
+      const bool as_matmul = matmul && stride == 1;
+      EXPECT_EQ(got.impl[0].find("BF16 matmul"), std::string::npos) << what << ": " << got.impl[0];
+      for (int d : {1, 2})
+        EXPECT_EQ(got.impl[d].rfind("BF16 matmul", 0) == 0, as_matmul) << what << ": " << got.impl[d];
+      expect_close(got.gx, ref.gx, what + " grad_input");
+      expect_close(got.gw, ref.gw, what + " grad_weight");
+      const ScopedEnv direct("AMPFORGE_CPU_CONV_ALGO", "direct");
+      const ConvRun on_direct = run_on("onednn", x, w, Tensor(), gy, a, &n);
+      for (int d : {1, 2}) EXPECT_EQ(on_direct.impl[d].find("BF16 matmul"), std::string::npos) << what;
+    }
 }
 
 // A 16-bit convolution on the F32 way (F16 always, BF16 with AMPFORGE_CPU_BF16=f32) is the F32 convolution of its
