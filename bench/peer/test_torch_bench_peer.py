@@ -61,3 +61,19 @@ def test_profile_is_one_more_step_of_the_best_format_by_operator():
     assert any(op["name"].startswith("Optimizer.step#SGD.step") for op in prof["ops"]), [op["name"] for op in prof["ops"]]
     assert set(prof["phases_ms"]) == {"forward", "backward", "optimizer"}
     assert 0 < sum(prof["phases_ms"].values()) <= prof["step_ms"] * 1.01
+
+
+def test_a_missing_package_is_one_message_naming_it_and_the_setup_command():
+    # Each model family's package hidden from the interpreter (None in sys.modules makes its import fail as a
+    # missing one does), so the test means the same with both PyTorches, whatever else they have installed.
+    for model, package in (("yolov8n", "ultralytics"), ("bert-tiny", "transformers")):
+        code = (f"import runpy, sys; sys.modules[{package!r}] = None; "
+                f"sys.argv = [{str(SCRIPT)!r}, '--model', {model!r}, '--batch', '1', '--threads', '1', "
+                f"'--image-size', '32', '--seq-len', '8', '--warmup', '0', '--steps', '1']; "
+                f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert not out.get("results"), out
+        assert out["error"].startswith(f"{package} is not installed in {sys.executable}"), out["error"]
+        assert "scripts/setup --peer" in out["error"], out["error"]
