@@ -136,6 +136,21 @@ void init_dtype_device(nb::module_& m) {
   m.attr("double") = nb::cast(af::DType::F64);
   m.attr("long") = nb::cast(af::DType::I64);
 
+  // torch.contiguous_format / torch.channels_last, for contiguous(memory_format=...) and is_contiguous(...).
+  nb::enum_<af::MemoryFormat> mf(m, "memory_format",
+                                 "Memory layouts, PyTorch's names: ampforge.contiguous_format, ampforge.channels_last.");
+  mf.value("contiguous_format", af::MemoryFormat::Contiguous)
+      .value("channels_last", af::MemoryFormat::ChannelsLast)
+      .value("preserve_format", af::MemoryFormat::Preserve);
+  mf.def("__repr__", [](af::MemoryFormat f) {
+    return std::string(f == af::MemoryFormat::ChannelsLast ? "ampforge.channels_last"
+                       : f == af::MemoryFormat::Preserve   ? "ampforge.preserve_format"
+                                                            : "ampforge.contiguous_format");
+  });
+  m.attr("contiguous_format") = nb::cast(af::MemoryFormat::Contiguous);
+  m.attr("channels_last") = nb::cast(af::MemoryFormat::ChannelsLast);
+  m.attr("preserve_format") = nb::cast(af::MemoryFormat::Preserve);
+
   nb::class_<af::Device>(m, "device", "Where a tensor lives: device('cpu'), device('cuda', 0), device('cuda:1').")
       .def("__init__", [](af::Device* self, const std::string& s) { new (self) af::Device(af::Device::parse(s)); },
            nb::arg("type"))

@@ -237,6 +237,25 @@ nb::dlpack::dtype tensor_dl_dtype(af::DType d) { return dl_dtype(d); }
 nb::object tensor_dlpack(const af::Tensor& t, nb::kwargs kwargs);  // dlpack.cpp
 nb::tuple tensor_dlpack_device(const af::Tensor& t);
 
+namespace {
+
+// The layout contiguous() / is_contiguous() are asked for: PyTorch's memory_format=ampforge.channels_last (or
+// contiguous_format), or the shorter channels_last=True; both at once must agree. preserve_format is refused, as
+// PyTorch's contiguous() refuses it.
+af::MemoryFormat layout_asked(const char* what, std::optional<af::MemoryFormat> f, bool channels_last) {
+  if (!f) return channels_last ? af::MemoryFormat::ChannelsLast : af::MemoryFormat::Contiguous;
+  if (*f == af::MemoryFormat::Preserve)
+    throw nb::value_error(
+        (std::string(what) + "(): memory_format must be ampforge.contiguous_format or ampforge.channels_last").c_str());
+  if (channels_last && *f != af::MemoryFormat::ChannelsLast)
+    throw nb::value_error((std::string(what) + "(): channels_last=True contradicts memory_format=" +
+                           "ampforge.contiguous_format; give one of them")
+                              .c_str());
+  return *f;
+}
+
+}  // namespace
+
 void init_tensor(nb::module_& m) {
   nb::class_<HookHandle>(m, "RemovableHandle", "Returned by Tensor.register_hook; remove() takes the hook off.")
       .def("remove", &HookHandle::remove);
@@ -281,11 +300,10 @@ void init_tensor(nb::module_& m) {
       .def("storage_offset", [](const af::Tensor& x) { return checked(x).offset(); })
       .def("data_ptr", [](const af::Tensor& x) { return reinterpret_cast<uintptr_t>(checked(x).data_ptr()); })
       .def("is_contiguous",
-           [](const af::Tensor& x, bool channels_last) {
-             return checked(x).is_contiguous(channels_last ? af::MemoryFormat::ChannelsLast
-                                                           : af::MemoryFormat::Contiguous);
+           [](const af::Tensor& x, std::optional<af::MemoryFormat> f, bool channels_last) {
+             return checked(x).is_contiguous(layout_asked("is_contiguous", f, channels_last));
            },
-           nb::arg("channels_last") = false)
+           nb::arg("memory_format") = nb::none(), nb::arg("channels_last") = false)
       .def("is_floating_point", [](const af::Tensor& x) { return checked(x).is_floating_point(); })
       .def("__len__",
            [](const af::Tensor& x) {
@@ -426,10 +444,10 @@ void init_tensor(nb::module_& m) {
       .def("split", [](const af::Tensor& x, int64_t n, int64_t d) { return af::split(checked(x), n, d); },
            nb::arg("split_size"), nb::arg("dim") = 0)
       .def("contiguous",
-           [](const af::Tensor& x, bool channels_last) {
-             return checked(x).contiguous(channels_last ? af::MemoryFormat::ChannelsLast : af::MemoryFormat::Contiguous);
+           [](const af::Tensor& x, std::optional<af::MemoryFormat> f, bool channels_last) {
+             return checked(x).contiguous(layout_asked("contiguous", f, channels_last));
            },
-           nb::arg("channels_last") = false)
+           nb::arg("memory_format") = nb::none(), nb::arg("channels_last") = false)
       .def("clone", [](const af::Tensor& x) { return checked(x).clone(); })
       .def("__getitem__", [](const af::Tensor& x, nb::handle idx) { return index_view(checked(x), idx); },
            nb::arg("index").none())

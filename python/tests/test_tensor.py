@@ -224,3 +224,18 @@ def test_pickle_and_deepcopy():
         for back in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t)):
             assert back.dtype == t.dtype and back.shape == t.shape and back.tolist() == t.tolist()
             assert back.requires_grad == t.requires_grad and back.data_ptr() != t.data_ptr()
+
+
+def test_memory_format_takes_pytorchs_names():
+    x = af.randn(2, 3, 4, 5)
+    assert repr(af.channels_last) == "ampforge.channels_last"
+    cl = x.contiguous(memory_format=af.channels_last)
+    assert cl.is_contiguous(memory_format=af.channels_last) and not cl.is_contiguous()
+    assert cl.stride() == (60, 1, 15, 3)  # NHWC strides of an NCHW-shaped tensor, as PyTorch's
+    assert cl.contiguous(memory_format=af.contiguous_format).is_contiguous()
+    assert cl.contiguous(channels_last=True).stride() == cl.stride()  # the short form still works
+    np.testing.assert_array_equal(cl.numpy(), x.numpy())
+    with pytest.raises(ValueError, match="contradicts"):
+        x.contiguous(memory_format=af.contiguous_format, channels_last=True)
+    with pytest.raises(ValueError, match="contiguous_format or ampforge.channels_last"):
+        x.contiguous(memory_format=af.preserve_format)

@@ -50,6 +50,17 @@ def test_strided_views_cross_over():
     assert u.stride() == (1, 6) and u.tolist() == tv.tolist()
 
 
+def test_channels_last_is_pytorchs_layout():
+    # The same strides for the same memory_format, and a channels-last tensor crosses DLPack as one.
+    x = af.randn(2, 3, 4, 5)
+    cl = x.contiguous(memory_format=af.channels_last)
+    t = torch.from_numpy(x.numpy()).contiguous(memory_format=torch.channels_last)
+    assert cl.stride() == t.stride()
+    shared = torch.from_dlpack(cl)
+    assert shared.is_contiguous(memory_format=torch.channels_last)
+    np.testing.assert_array_equal(shared.numpy(), t.numpy())
+
+
 def test_gradients_flow_separately():
     x = torch.randn(4, 3)
     a = af.from_dlpack(x).requires_grad_()  # an ampforge leaf over torch's memory
