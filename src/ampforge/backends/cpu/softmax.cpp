@@ -134,13 +134,26 @@ inline double sum_d8(const A* e, int64_t n) {
   return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
 }
 
+// sum(g[j] * y[j]) in double, in sum_d8's lanes and order (softmax's backward over BERT's 128-long attention rows:
+// one running sum is a chain of dependent double additions, ~4 cycles per element).
+template <class A>
+inline double dot_d8(const A* g, const A* y, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(g[j + k]) * static_cast<double>(y[j + k]);
+  double tail = 0;
+  for (; j < n; ++j) tail += static_cast<double>(g[j]) * static_cast<double>(y[j]);
+  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
+}
+
 // ---- softmax -------------------------------------------------------------------------------------
 
 // softmax over a dim that is not the last (st = inner > 1: YOLOv8's DFL, (B, 16, 4, A) over the 16 bins): blocks
 // of up to 256 neighbouring rows, which are contiguous in memory along `inner`, go through an L1 tile [D][cols]
 // so every pass runs along contiguous memory and exp gets one call per tile (a row at a time gathered D strided
 // values and called exp on D of them). Per element the same operations in the same order as the row path (max,
-// exp(x - m) by vmath, the sum over j = 0..D-1 in double, 1 / sum in double or vmath's log of the sum rounded to
+// exp(x - m) by vmath, the sum in double in sum_d8's lanes and order, 1 / sum in double or vmath's log of the sum rounded to
 // the compute type): the same bits.
 constexpr int64_t kColumnTile = 4096;  // elements of a tile (two tiles: 32 KiB of floats)
 
@@ -152,7 +165,7 @@ void softmax_columns(const S* xp, S* yp, const RowSpace& rs) {
   parallel_for(rs.outer * col_blocks, std::max<int64_t>(1, kRowsGrainElems / (D * cols_max)), [&](int64_t t0, int64_t t1) {
     std::vector<A> xm(static_cast<size_t>(D * cols_max)), e(static_cast<size_t>(D * cols_max));
     std::vector<A> m(static_cast<size_t>(cols_max));
-    std::vector<double> sum(static_cast<size_t>(cols_max));
+    std::vector<double> sum(static_cast<size_t>(cols_max)), lanes(static_cast<size_t>(9 * cols_max));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o = t / col_blocks, i0 = (t % col_blocks) * cols_max;
       const int64_t nc = std::min(cols_max, inner - i0);
@@ -169,10 +182,18 @@ void softmax_columns(const S* xp, S* yp, const RowSpace& rs) {
         for (int64_t i = 0; i < nc; ++i) xr[i] = xr[i] - m[i];
       }
       vmath::exp(xm.data(), e.data(), D * nc);
-      std::fill(sum.begin(), sum.begin() + nc, 0.0);
+      // Each column's sum in sum_d8's lanes and order (j mod 8 while 8 remain, then the tail, then the fixed tree).
+      std::fill(lanes.begin(), lanes.begin() + 9 * nc, 0.0);
+      const int64_t D8 = D / 8 * 8;
       for (int64_t j = 0; j < D; ++j) {
         const A* er = e.data() + j * nc;
-        for (int64_t i = 0; i < nc; ++i) sum[i] += static_cast<double>(er[i]);
+        double* acc = lanes.data() + (j < D8 ? j % 8 : 8) * nc;
+        for (int64_t i = 0; i < nc; ++i) acc[i] += static_cast<double>(er[i]);
+      }
+      for (int64_t i = 0; i < nc; ++i) {
+        const double* l = lanes.data() + i;
+        sum[i] = (((l[0] + l[nc]) + (l[2 * nc] + l[3 * nc])) + ((l[4 * nc] + l[5 * nc]) + (l[6 * nc] + l[7 * nc]))) +
+                 l[8 * nc];
       }
       if constexpr (kLog) {
         for (int64_t i = 0; i < nc; ++i) m[i] = static_cast<A>(sum[i]);  // m is free now: the log of each sum
@@ -214,8 +235,7 @@ void softmax_short_rows(const S* xp, S* yp, const RowSpace& rs) {
       vmath::exp(xm.data(), e.data(), nr * D);
       for (int64_t r = 0; r < nr; ++r) {
         A* er = e.data() + r * D;
-        double sum = 0;
-        for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(er[j]);
+        const double sum = sum_d8(er, D);
         if constexpr (kLog) {
           ls[static_cast<size_t>(r)] = static_cast<A>(sum);
         } else {
@@ -261,11 +281,10 @@ void softmax_kernel(const KernelArgs& a) {
         const A* xr = gather<S, A>(xp + base, st, D, xbuf.data());
         A* o = (st == 1 && std::is_same_v<S, A>) ? reinterpret_cast<A*>(yp + base) : obuf.data();
         const A m = row_max(xr, D);
-        double sum = 0;
         // o first holds exp(x - m) (vectorised; o never aliases xr: the output is a fresh tensor).
         for (int64_t j = 0; j < D; ++j) o[j] = xr[j] - m;
         vmath::exp(o, o, D);
-        for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(o[j]);
+        const double sum = sum_d8(o, D);
         if constexpr (kLog) {
           A ls = static_cast<A>(sum);
           vmath::log(&ls, &ls, 1);  // log of the sum rounded to A: the tiled paths take it 16 rows at a time
@@ -300,12 +319,12 @@ void softmax_backward_kernel(const KernelArgs& a) {
         A* o = (st == 1 && std::is_same_v<S, A>) ? reinterpret_cast<A*>(op + base) : obuf.data();
         double s = 0;
         if constexpr (kLog) {
-          for (int64_t j = 0; j < D; ++j) s += static_cast<double>(gr[j]);
+          s = sum_d8(gr, D);
           const A sa = static_cast<A>(s);
           vmath::exp(yr, o, D);  // o never aliases gr or yr (fresh output)
           for (int64_t j = 0; j < D; ++j) o[j] = gr[j] - o[j] * sa;
         } else {
-          for (int64_t j = 0; j < D; ++j) s += static_cast<double>(gr[j]) * static_cast<double>(yr[j]);
+          s = dot_d8(gr, yr, D);
           const A sa = static_cast<A>(s);
           for (int64_t j = 0; j < D; ++j) o[j] = yr[j] * (gr[j] - sa);
         }

@@ -255,7 +255,8 @@ TEST(BceWithLogits, ShapeMismatchIsAnError) {
 
 // softmax / log_softmax over a dim that is not the last run through column tiles, over short last-dim rows
 // through blocks of rows (softmax.cpp); each element must get the bits of the plain row-at-a-time formula
-// (max, exp(x - m) by vmath, the sum in double, 1 / sum in double or vmath's log of the sum), computed here for a (3, D, 300) input
+// (max, exp(x - m) by vmath, the sum in double in eight lanes, 1 / sum in double or vmath's log of the sum),
+// computed here for a (3, D, 300) input
 // over dim 1 and over dim 2 of its transpose, with -inf, a whole -inf row, NaN and large values mixed in, for D
 // from 1 to past the tiles' limits, F32 and BF16, and any thread count.
 namespace {
@@ -270,8 +271,11 @@ std::vector<float> reference_softmax(const std::vector<float>& x, int64_t rows, 
       if (xr[j] != xr[j]) m = xr[j];
     for (int64_t j = 0; j < D; ++j) o[j] = xr[j] - m;
     cpu::vmath::exp(o.data(), o.data(), D);
-    double sum = 0;
-    for (int64_t j = 0; j < D; ++j) sum += static_cast<double>(o[j]);
+    // The sum in double in eight lanes (j mod 8 while eight remain), added ((0+1)+(2+3))+((4+5)+(6+7)), then the rest.
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0}, rest = 0;
+    const int64_t D8 = D / 8 * 8;
+    for (int64_t j = 0; j < D; ++j) (j < D8 ? lane[j % 8] : rest) += static_cast<double>(o[j]);
+    const double sum = (((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]))) + rest;
     float ls = static_cast<float>(sum);
     cpu::vmath::log(&ls, &ls, 1);
     for (int64_t j = 0; j < D; ++j)

@@ -119,6 +119,56 @@ inline __m256 erf8(__m256 x) {
   const __m256 r = _mm256_fnmadd_ps(p, e, one);                                         // 1 - p e
   return _mm256_or_ps(r, sign);  // NaN in, NaN out: t, p and r all become NaN
 }
+#if defined(AMPFORGE_VEC_MATH_512)
+// The same two functions 16 lanes wide, operation for operation (the same roundings, so the same bits per element as
+// the 8-wide ones): BERT's GELU in BF16 was 2.3x PyTorch's time on an AVX-512 Xeon with the 8-wide ones.
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+}
+
+inline __m512 erf16(__m512 x) {
+  const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i xi = _mm512_castps_si512(x);
+  const __m512i sign = _mm512_and_si512(xi, sign_mask);
+  const __m512 ax = _mm512_castsi512_ps(_mm512_andnot_si512(sign_mask, xi));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), ax, one));
+  __m512 p = _mm512_set1_ps(1.061405429f);
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+  p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+  p = _mm512_mul_ps(p, t);
+  const __m512 ax2 = _mm512_mul_ps(ax, ax);
+  const __m512 e = exp_nonpositive16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(ax2), sign_mask)));
+  const __m512 r = _mm512_fnmadd_ps(p, e, one);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), sign));
+}
+inline void erf(const float* x, float* y, int64_t n) { apply16(x, y, n, erf16); }
+// GELU (erf form) in one pass: x * 0.5 * (1 + erf(x / sqrt 2)), all in registers (the chunked form went over
+// its L1 buffer three times; this one is what makes GELU as fast as PyTorch's fused vectorised loop).
+inline void gelu_erf(const float* x, float* y, int64_t n) {
+  apply16(x, y, n, [](__m512 v) {
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512 e = erf16(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
+    return _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  });
+}
+#else
 inline void erf(const float* x, float* y, int64_t n) { apply8(x, y, n, erf8); }
 // GELU (erf form) in one pass: x * 0.5 * (1 + erf(x / sqrt 2)), all in registers (the chunked form went over
 // its L1 buffer three times; this one is what makes GELU as fast as PyTorch's fused vectorised loop).
@@ -129,6 +179,7 @@ inline void gelu_erf(const float* x, float* y, int64_t n) {
     return _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
   });
 }
+#endif
 #endif
 
 // Scalar std:: loops: every double array (F64 kernels, the reference path), and float arrays when the SLEEF

@@ -126,3 +126,25 @@ TEST(VecMath, InPlace) {
   vm::exp(x.data(), x.data(), int64_t(x.size()));
   EXPECT_EQ(0, std::memcmp(x.data(), want.data(), x.size() * sizeof(float)));
 }
+
+#if defined(AMPFORGE_VEC_MATH_512)
+TEST(VecMath, SixteenWideErfAndGeluGiveTheEightWideBits) {
+  // An AVX-512 build evaluates erf and GELU 16 lanes at a time: operation for operation the 8-wide code, so every
+  // element must get the 8-wide bits (NaN, infinities, signed zeros and the flush below e^-87 included).
+  auto x = grid(-12.f, 12.f, 40001);
+  for (float v : {0.f, -0.f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), 1e-30f, -1e-30f, 1e30f})
+    x.push_back(v);
+  const int64_t n = int64_t(x.size());
+  std::vector<float> wide(x.size()), narrow(x.size());
+  vm::erf(x.data(), wide.data(), n);
+  vm::apply8(x.data(), narrow.data(), n, vm::erf8);
+  ASSERT_EQ(0, std::memcmp(wide.data(), narrow.data(), x.size() * sizeof(float))) << "erf";
+  vm::gelu_erf(x.data(), wide.data(), n);
+  vm::apply8(x.data(), narrow.data(), n, [](__m256 v) {
+    const __m256 e = vm::erf8(_mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  });
+  ASSERT_EQ(0, std::memcmp(wide.data(), narrow.data(), x.size() * sizeof(float))) << "gelu_erf";
+}
+#endif
