@@ -346,7 +346,6 @@ std::string bench_svg(const BenchReport& r) {
   for (const BenchRow& row : r.rows)
     if (std::find(models.begin(), models.end(), row.model) == models.end()) models.push_back(row.model);
   std::vector<std::vector<Bar>> groups;
-  double vmax = 0;
   bool has[3] = {false, false, false};
   for (const std::string& m : models) {
     std::vector<Bar> g;
@@ -357,15 +356,17 @@ std::string bench_svg(const BenchReport& r) {
       if (row.compiled && row.compiled->ok)
         g.push_back({row.precision, kWho[2].first, row.compiled->samples_per_sec}), has[2] = true;
     }
-    for (const Bar& b : g) vmax = std::max(vmax, b.value);
     groups.push_back(std::move(g));
   }
-  if (vmax <= 0) vmax = 1;
-  const double step = nice_step(vmax, 5);
-  const double axis_max = std::ceil(vmax / step) * step;
-  const double bar_w = 30, gap = 34, left = 64, top = 64, plot_h = 260, bottom = 46;
-  double width = left + 20;
-  for (const auto& g : groups) width += static_cast<double>(g.size()) * bar_w + gap;
+  // One panel per model, each with its own axis: the models' samples/s differ by 100x and more (a small CNN's
+  // thousands beside ResNet-50's tens), and on one shared axis the slow models' bars are a line at zero.
+  const double bar_w = 30, axis_w = 46, pad = 14, gap = 22, ylabel_w = 22, top = 64, plot_h = 260, bottom = 46;
+  std::vector<double> panel_w;
+  double width = ylabel_w;
+  for (const auto& g : groups) {
+    panel_w.push_back(axis_w + static_cast<double>(std::max<size_t>(g.size(), 2)) * bar_w + pad);
+    width += panel_w.back() + gap;
+  }
   const std::string title = "Training samples/s on " + r.device + (r.device_name.empty() ? "" : " (" + r.device_name + ")");
   // Wide enough for the title (about 7.5 px a character at 14 px) and the legend (6.5 px a character at 11 px).
   double legend_w = 0;
@@ -373,15 +374,15 @@ std::string bench_svg(const BenchReport& r) {
     if (has[k])
       legend_w += 34 + 6.5 * static_cast<double>(std::string(kWho[k].first).size() +
                                                   (k > 0 && !r.peer_torch.empty() ? r.peer_torch.size() + 1 : 0));
-  width = std::max({width, 120.0 + 7.5 * static_cast<double>(title.size()), left + legend_w + 20, 420.0});
+  width = std::max({width, 120.0 + 7.5 * static_cast<double>(title.size()), ylabel_w + axis_w + legend_w + 20, 420.0});
   const double height = top + plot_h + bottom;
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
       "font-size=\"11\">\n<title>{}</title>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height, xml_escape("ampforge bench on " + r.device + ": samples/s per model and precision"));
-  s += fmt::format("<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{}</text>\n", left, xml_escape(title));
+  s += fmt::format("<text x=\"{:.0f}\" y=\"20\" font-size=\"14\">{}</text>\n", ylabel_w + axis_w, xml_escape(title));
   // Legend: one swatch per side that has a bar.
-  double lx = left;
+  double lx = ylabel_w + axis_w;
   for (int k = 0; k < 3; ++k) {
     if (!has[k]) continue;
     std::string name = kWho[k].first;
@@ -391,21 +392,29 @@ std::string bench_svg(const BenchReport& r) {
                      lx, kWho[k].second, lx + 16, xml_escape(name));
     lx += 16 + 6.5 * static_cast<double>(name.size()) + 18;
   }
-  // Axis with round ticks and light grid lines.
-  s += fmt::format("<line x1=\"{0:.0f}\" y1=\"{1:.0f}\" x2=\"{0:.0f}\" y2=\"{2:.0f}\" stroke=\"#333\"/>\n", left, top,
-                   top + plot_h);
-  for (double v = 0; v <= axis_max + step / 2; v += step) {
-    const double y = top + plot_h - plot_h * v / axis_max;
-    s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", left, y,
-                     width - 10, y);
-    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 4, tick_label(v));
-  }
   s += fmt::format("<text x=\"14\" y=\"{:.0f}\" transform=\"rotate(-90 14 {:.0f})\" text-anchor=\"middle\">samples/s</text>\n",
                    top + plot_h / 2, top + plot_h / 2);
-  double x = left + 10;
+  double px = ylabel_w;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const double x0 = x;
-    for (const Bar& b : groups[gi]) {
+    const std::vector<Bar>& g = groups[gi];
+    double vmax = 0;
+    for (const Bar& b : g) vmax = std::max(vmax, b.value);
+    // Head room above the tallest bar for its value, written upright above it (about 30 px of the 260).
+    vmax = vmax <= 0 ? 1 : vmax * 1.12;
+    const double step = nice_step(vmax, 5);
+    const double axis_max = std::ceil(vmax / step) * step;
+    const double ax = px + axis_w, right = px + panel_w[gi];
+    // This panel's axis with round ticks and light grid lines.
+    s += fmt::format("<line x1=\"{0:.0f}\" y1=\"{1:.0f}\" x2=\"{0:.0f}\" y2=\"{2:.0f}\" stroke=\"#333\"/>\n", ax, top,
+                     top + plot_h);
+    for (double v = 0; v <= axis_max + step / 2; v += step) {
+      const double y = top + plot_h - plot_h * v / axis_max;
+      s += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", ax, y, right,
+                       y);
+      s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", ax - 5, y + 4, tick_label(v));
+    }
+    double x = ax + 6;
+    for (const Bar& b : g) {
       const double h = plot_h * b.value / axis_max;
       const char* color = kWho[0].second;
       for (const auto& [who, c] : kWho)
@@ -422,9 +431,9 @@ std::string bench_svg(const BenchReport& r) {
                        x + (bar_w - 4) / 2, top + plot_h + 14, xml_escape(b.label));
       x += bar_w;
     }
-    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", x0, top + plot_h + 34,
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", ax + 6, top + plot_h + 34,
                      xml_escape(models[gi]));
-    x += gap;
+    px += panel_w[gi] + gap;
   }
   s += "</svg>\n";
   return s;
