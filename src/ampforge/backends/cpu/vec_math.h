@@ -121,7 +121,8 @@ inline __m256 erf8(__m256 x) {
 }
 #if defined(AMPFORGE_VEC_MATH_512)
 // The same two functions 16 lanes wide, operation for operation (the same roundings, so the same bits per element as
-// the 8-wide ones): BERT's GELU in BF16 was 2.3x PyTorch's time on an AVX-512 Xeon with the 8-wide ones.
+// the 8-wide ones): on cores with full 512-bit units, half the instructions per element (BERT's GELU,
+// docs/PERFORMANCE.md).
 inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
