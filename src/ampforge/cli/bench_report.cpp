@@ -364,6 +364,7 @@ std::string bench_svg(const BenchReport& r) {
   std::vector<double> panel_w;
   double width = ylabel_w;
   for (const auto& g : groups) {
+    // At least two bars' width, so that the model's name fits under a panel of one bar.
     panel_w.push_back(axis_w + static_cast<double>(std::max<size_t>(g.size(), 2)) * bar_w + pad);
     width += panel_w.back() + gap;
   }

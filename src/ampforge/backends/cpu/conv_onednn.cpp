@@ -568,14 +568,21 @@ std::shared_ptr<const Prim> benchmark(const Problem& p) {
 // input gradient's rows are scattered from one (both M x C, a fraction 1/s^2 of x). The forward stays on the
 // convolution primitive, which was as fast or faster (64 -> 256 at 56x56: 1.8 against 2.0 ms). false: not such a
 // problem.
+// A gradient (either direction) of a 1x1, unpadded, ungrouped convolution on channels-last activations: a matrix
+// product of the tensors as they lie (run_pointwise_gemm, run_pointwise_bf16_matmul).
+bool pointwise_gradient(const Problem& p) {
+  const Conv2dAttrs& a = *p.a;
+  const Tensor& w = *p.weight;
+  return p.dir != Dir::Forward && a.groups == 1 && w.size(2) == 1 && w.size(3) == 1 && a.padding[0] == 0 &&
+         a.padding[1] == 0 && p.image->is_contiguous(MemoryFormat::ChannelsLast) &&
+         p.out->is_contiguous(MemoryFormat::ChannelsLast);
+}
+
 bool run_pointwise_gemm(const Problem& p) {
+  if (p.dtype != DType::F32 || !pointwise_gradient(p)) return false;
   const Conv2dAttrs& a = *p.a;
   const Tensor& w = *p.weight;
   const Tensor &img = *p.image, &out = *p.out;
-  if (p.dir == Dir::Forward || p.dtype != DType::F32 || a.groups != 1 || w.size(2) != 1 || w.size(3) != 1 ||
-      a.padding[0] != 0 || a.padding[1] != 0 || !img.is_contiguous(MemoryFormat::ChannelsLast) ||
-      !out.is_contiguous(MemoryFormat::ChannelsLast))
-    return false;
   const int64_t Co = w.size(0), C = w.size(1);
   const int64_t N = img.size(0), H = img.size(2), W = img.size(3), Ho = out.size(2), Wo = out.size(3);
   const int64_t sh = a.stride[0], sw = a.stride[1], M = N * Ho * Wo;
@@ -655,12 +662,9 @@ bool run_pointwise_gemm(const Problem& p) {
 // primitive. false: not such a problem, or no native BF16 matmul here (onednn_matmul declines: then the convolution
 // primitive runs it, as on CPUs where bf16_compute.h chose the F32 way).
 bool run_pointwise_bf16_matmul(const Problem& p) {
-  const Conv2dAttrs& a = *p.a;
   const Tensor& w = *p.weight;
   const Tensor &img = *p.image, &out = *p.out;
-  if (p.dir == Dir::Forward || p.dtype != DType::BF16 || a.groups != 1 || w.size(2) != 1 || w.size(3) != 1 ||
-      a.padding[0] != 0 || a.padding[1] != 0 || a.stride[0] != 1 || a.stride[1] != 1 ||
-      !img.is_contiguous(MemoryFormat::ChannelsLast) || !out.is_contiguous(MemoryFormat::ChannelsLast) ||
+  if (p.dtype != DType::BF16 || !pointwise_gradient(p) || p.a->stride[0] != 1 || p.a->stride[1] != 1 ||
       !w.is_contiguous())
     return false;
   const int64_t Co = w.size(0), C = w.size(1), M = img.size(0) * img.size(2) * img.size(3);
@@ -678,15 +682,17 @@ bool run(const Problem& p) {
   q.threads = threads;
   const CpuConvAlgo algo = cpu_conv_algo();
   q.variant = algo == CpuConvAlgo::Auto ? auto_variant(p) : Variant::Direct;
-  if (algo != CpuConvAlgo::Direct && run_pointwise_gemm(q)) {
-    set_last_impl("sgemm (1x1 as a matrix product)");
-    g_executions.fetch_add(1, std::memory_order_relaxed);
-    return true;
-  }
-  if (algo != CpuConvAlgo::Direct && run_pointwise_bf16_matmul(q)) {
-    set_last_impl("BF16 matmul (1x1 as a matrix product): " + onednn_matmul_last_impl());
-    g_executions.fetch_add(1, std::memory_order_relaxed);
-    return true;
+  if (algo != CpuConvAlgo::Direct) {
+    std::string impl;
+    if (run_pointwise_gemm(q))
+      impl = "sgemm (1x1 as a matrix product)";
+    else if (run_pointwise_bf16_matmul(q))
+      impl = "BF16 matmul (1x1 as a matrix product): " + onednn_matmul_last_impl();
+    if (!impl.empty()) {
+      set_last_impl(impl);
+      g_executions.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
   }
   const std::shared_ptr<const Prim> prim = algo == CpuConvAlgo::Benchmark ? benchmark(q) : lookup(q);
   set_last_impl(prim->usable ? prim->impl : "declined: " + prim->impl);

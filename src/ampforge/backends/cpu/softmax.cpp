@@ -121,30 +121,38 @@ inline A row_max(const A* x, int64_t n) {
   return m;
 }
 
-// Sum in double of a row of exponentials, in eight interleaved partial sums (lanes j mod 8) added in a fixed tree:
-// vectorised where one running sum is a chain of dependent additions (cross_entropy over a 30k vocabulary).
-template <class A>
-inline double sum_d8(const A* e, int64_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(e[j + k]);
-  double tail = 0;
-  for (; j < n; ++j) tail += static_cast<double>(e[j]);
-  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
+// The fixed tree that adds eight lane sums (lane k at lane[k * stride]) and the tail after the last full group of
+// eight: every row sum below (and the column tiles' per-column sums) adds in this one order, so the paths keep one
+// another's bits.
+inline double lanes_tree(const double* lane, int64_t stride, double tail) {
+  const double* l = lane;
+  const int64_t s = stride;
+  return (((l[0] + l[s]) + (l[2 * s] + l[3 * s])) + ((l[4 * s] + l[5 * s]) + (l[6 * s] + l[7 * s]))) + tail;
 }
 
-// sum(g[j] * y[j]) in double, in sum_d8's lanes and order (softmax's backward over BERT's 128-long attention rows:
-// one running sum is a chain of dependent double additions, ~4 cycles per element).
-template <class A>
-inline double dot_d8(const A* g, const A* y, int64_t n) {
+// sum(term(j)) for j < n in double, in eight interleaved partial sums (lanes j mod 8) added by lanes_tree: vectorised
+// where one running sum is a chain of dependent additions (~4 cycles per element: cross_entropy over a 30k
+// vocabulary, softmax over BERT's 128-long attention rows).
+template <class Term>
+inline double sum_lanes8(int64_t n, Term term) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(g[j + k]) * static_cast<double>(y[j + k]);
+    for (int k = 0; k < 8; ++k) acc[k] += term(j + k);
   double tail = 0;
-  for (; j < n; ++j) tail += static_cast<double>(g[j]) * static_cast<double>(y[j]);
-  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
+  for (; j < n; ++j) tail += term(j);
+  return lanes_tree(acc, 1, tail);
+}
+
+template <class A>
+inline double sum_d8(const A* e, int64_t n) {
+  return sum_lanes8(n, [e](int64_t j) { return static_cast<double>(e[j]); });
+}
+
+// sum(g[j] * y[j]) (softmax's backward).
+template <class A>
+inline double dot_d8(const A* g, const A* y, int64_t n) {
+  return sum_lanes8(n, [g, y](int64_t j) { return static_cast<double>(g[j]) * static_cast<double>(y[j]); });
 }
 
 // ---- softmax -------------------------------------------------------------------------------------
@@ -153,7 +161,7 @@ inline double dot_d8(const A* g, const A* y, int64_t n) {
 // of up to 256 neighbouring rows, which are contiguous in memory along `inner`, go through an L1 tile [D][cols]
 // so every pass runs along contiguous memory and exp gets one call per tile (a row at a time gathered D strided
 // values and called exp on D of them). Per element the same operations in the same order as the row path (max,
-// exp(x - m) by vmath, the sum in double in sum_d8's lanes and order, 1 / sum in double or vmath's log of the sum rounded to
+// exp(x - m) by vmath, the sum in double in sum_lanes8's lanes and order, 1 / sum in double or vmath's log of the sum rounded to
 // the compute type): the same bits.
 constexpr int64_t kColumnTile = 4096;  // elements of a tile (two tiles: 32 KiB of floats)
 
@@ -182,7 +190,7 @@ void softmax_columns(const S* xp, S* yp, const RowSpace& rs) {
         for (int64_t i = 0; i < nc; ++i) xr[i] = xr[i] - m[i];
       }
       vmath::exp(xm.data(), e.data(), D * nc);
-      // Each column's sum in sum_d8's lanes and order (j mod 8 while 8 remain, then the tail, then the fixed tree).
+      // Each column's sum in sum_lanes8's lanes and order (j mod 8 while 8 remain, then the tail, then lanes_tree).
       std::fill(lanes.begin(), lanes.begin() + 9 * nc, 0.0);
       const int64_t D8 = D / 8 * 8;
       for (int64_t j = 0; j < D; ++j) {
@@ -190,11 +198,7 @@ void softmax_columns(const S* xp, S* yp, const RowSpace& rs) {
         double* acc = lanes.data() + (j < D8 ? j % 8 : 8) * nc;
         for (int64_t i = 0; i < nc; ++i) acc[i] += static_cast<double>(er[i]);
       }
-      for (int64_t i = 0; i < nc; ++i) {
-        const double* l = lanes.data() + i;
-        sum[i] = (((l[0] + l[nc]) + (l[2 * nc] + l[3 * nc])) + ((l[4 * nc] + l[5 * nc]) + (l[6 * nc] + l[7 * nc]))) +
-                 l[8 * nc];
-      }
+      for (int64_t i = 0; i < nc; ++i) sum[i] = lanes_tree(lanes.data() + i, nc, lanes[static_cast<size_t>(8 * nc + i)]);
       if constexpr (kLog) {
         for (int64_t i = 0; i < nc; ++i) m[i] = static_cast<A>(sum[i]);  // m is free now: the log of each sum
         vmath::log(m.data(), m.data(), nc);
