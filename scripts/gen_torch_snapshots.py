@@ -32,9 +32,26 @@ TORCH_FRAMES = [
 ]
 
 
-def frames(line, name):
-    return TORCH_FRAMES + [{"filename": "train.py", "line": line, "name": name},
-                           {"filename": "train.py", "line": 120, "name": "main"}]
+# What _record_memory_history(context="all") records before the Python frames: the allocator's own C++ frames and
+# the dispatcher's, with bare file names or none, and the interpreter's frames between the Python ones.
+CPP_FRAMES = [
+    {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+    {"filename": "memory_snapshot.cpp", "line": 0, "name": "torch::cuda::(anonymous namespace)::gather_with_cpp()"},
+    {"filename": "CUDACachingAllocator.cpp", "line": 0,
+     "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int, unsigned long, CUstream_st*)"},
+    {"filename": "", "line": 0, "name": "at::TensorBase at::detail::_empty_strided_generic<c10::ArrayRef<long> >()"},
+    {"filename": "RegisterCUDA.cpp", "line": 0, "name": "at::(anonymous namespace)::wrapper_CUDA__empty_strided()"},
+    {"filename": "python_variable_methods.cpp", "line": 0, "name": "torch::autograd::THPVariable_to()"},
+    {"filename": "??", "line": 0, "name": "_PyEval_EvalFrameDefault"},
+]
+# A library between the user's line and PyTorch (einops, transformers, ...): the user's line is still the site.
+LIBRARY_FRAME = {"filename": "/home/u/.venv/lib/python3.12/site-packages/einops/einops.py", "line": 905, "name": "rearrange"}
+
+
+def frames(line, name, cpp=False):
+    head = CPP_FRAMES + [LIBRARY_FRAME] if cpp else TORCH_FRAMES
+    return head + [{"filename": "train.py", "line": line, "name": name},
+                   {"filename": "train.py", "line": 120, "name": "main"}]
 
 
 def settings(expandable=False, max_split=-1, divisions=None):
@@ -68,14 +85,14 @@ class Trace:
         self.add("free_completed", addr, size, stream)
 
 
-def segment(addr, blocks, stream=0, large=True, expandable=False):
+def segment(addr, blocks, stream=0, large=True, expandable=False, device=0):
     total = sum(b[1] for b in blocks)
     out, a = [], addr
     for state, size, req in blocks:
         out.append({"address": a, "size": size, "requested_size": req, "state": state, "frames": []})
         a += size
     act = sum(b[1] for b in blocks if b[0] != "inactive")
-    return {"device": 0, "address": addr, "total_size": total, "allocated_size": act, "active_size": act,
+    return {"device": device, "address": addr, "total_size": total, "allocated_size": act, "active_size": act,
             "requested_size": sum(b[2] for b in blocks if b[0] != "inactive"), "stream": stream,
             "segment_type": "large" if large else "small", "segment_pool_id": (0, 0), "is_expandable": expandable,
             "frames": [], "blocks": out}
@@ -97,7 +114,7 @@ def new_basic():
     t.add("segment_alloc", s1, 402 * MiB)
     t.alloc(s1, 400 * MiB + 1000, fr=frames(42, "forward"))     # 400 MiB + 1024 after rounding; remainder split off
     t.add("segment_alloc", s2, 300 * MiB)
-    t.alloc(s2, 300 * MiB, fr=frames(57, "backward"))
+    t.alloc(s2, 300 * MiB, fr=frames(57, "backward", cpp=True))
     t.free(s1, 400 * MiB + 1000)
     t.alloc(s1, 350 * MiB, fr=frames(42, "forward"))            # reuses the 402 MiB block (split)
     t.add("segment_alloc", s3, 2 * MiB)
@@ -228,6 +245,35 @@ class Global:  # pickled by reference: GLOBAL/STACK_GLOBAL + REDUCE/NEWOBJ
     pass
 
 
+# Backward runs on the autograd engine's threads: C++ frames only, the node (MmBackward0) or the engine itself.
+ENGINE_FRAMES = [
+    {"filename": "??", "line": 0, "name": "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&)"},
+    {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"},
+    {"filename": "thread48.o", "line": 0, "name": "execute_native_thread_routine"},
+    {"filename": "??", "line": 0, "name": "start_thread"},
+]
+
+
+def second_device():
+    # Device 0 recorded nothing (its list is empty), device 1 a backward pass: replayed by default, and its sites
+    # are the autograd node (MmBackward0) and, for a gradient the engine itself reduced, the engine.
+    t = Trace()
+    node = {"filename": "??", "line": 0, "name": "torch::autograd::generated::MmBackward0::apply(std::vector<at::Tensor>&&)"}
+    t.add("segment_alloc", BASE, 20 * MiB)
+    t.alloc(BASE, 6 * MiB, fr=CPP_FRAMES[:4] + [node] + ENGINE_FRAMES)
+    t.alloc(BASE + 6 * MiB, 2 * MiB, fr=CPP_FRAMES[:4] + ENGINE_FRAMES)
+    segs = [segment(BASE, [("active_allocated", 6 * MiB, 6 * MiB), ("active_allocated", 2 * MiB, 2 * MiB),
+                           ("inactive", 12 * MiB, 0)], device=1)]
+    return {"segments": segs, "device_traces": [[], t.entries], "allocator_settings": settings(),
+            "external_annotations": []}
+
+
+def no_history():
+    # torch.cuda.memory._snapshot() without _record_memory_history(): empty traces, only the state when taken.
+    segs = [segment(BASE, [("active_allocated", 4 * MiB, 4 * MiB), ("inactive", 16 * MiB, 0)], device=1)]
+    return {"segments": segs, "device_traces": [[], []], "allocator_settings": settings(), "external_annotations": []}
+
+
 def bad_inputs(good):
     out = {}
     out["bad_truncated.pickle"] = good[: len(good) // 2]
@@ -291,6 +337,8 @@ def main():
         "oom.pickle": pickle.dumps(oom()),
         "wrapped.pickle": pickle.dumps(wrapped(), protocol=3),
         "rounding.pickle": pickle.dumps(rounding()),
+        "second_device.pickle": pickle.dumps(second_device()),
+        "no_history.pickle": pickle.dumps(no_history()),
     }
     files.update(bad_inputs(files["new_basic.pickle"]))
     for name, data in sorted(files.items()):

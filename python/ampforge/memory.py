@@ -9,7 +9,8 @@ def fit(model, budget, *, device="cpu", stands_for="cuda", precision="fp32", opt
     return _core.memory_fit(model, budget, device, stands_for, precision, optimizer, max_batch, steps, image_size)
 
 
-def replay(path, *, policy="all", budget=None, device=0):
+def replay(path, *, policy="all", budget=None, device=None):
     """Replays an ampforge memtrace or a PyTorch memory snapshot pickle under allocator policies (naive, pytorch,
-    ampforge; and pytorch-expandable for snapshots): peak live and reserved bytes, fragmentation, failures."""
+    ampforge; and pytorch-expandable for snapshots): peak live and reserved bytes, fragmentation, failures.
+    device: the snapshot's device; None, the lowest that recorded trace entries. A memtrace records one device."""
     return _core.memory_replay(path, policy, budget, device)

@@ -212,7 +212,7 @@ void init_tools(nb::module_& m) {
         nb::arg("steps") = 2, nb::arg("image_size") = 0,
         "The largest batch whose training step fits `budget` (bytes or '16GiB'), as `ampforge memory fit --json`.");
   m.def("memory_replay",
-        [](const std::string& path, const std::string& policy, nb::handle budget, int device) {
+        [](const std::string& path, const std::string& policy, nb::handle budget, nb::handle device) {
           const int64_t b = budget.is_none() ? 0 : bytes_from(budget, "budget");
           nlohmann::json j;
           {
@@ -220,7 +220,8 @@ void init_tools(nb::module_& m) {
             af::check_readable_file(path, "memory trace or snapshot");
             if (is_pickle(path)) {
               const af::memory::TorchSnapshot snap = af::memory::torch_snapshot_read(path);
-              const af::memory::TorchReplayInput in = af::memory::torch_trace_build(snap, device);
+              const af::memory::TorchReplayInput in = af::memory::torch_trace_build(
+                  snap, device.is_none() ? af::memory::torch_default_device(snap) : nb::cast<int>(device));
               const auto policies =
                   policy == "all" ? af::memory::torch_policy_names() : std::vector<std::string>{policy};
               j = af::memory::torch_replay_report_json(
@@ -240,7 +241,7 @@ void init_tools(nb::module_& m) {
           }
           return json_to_python(j);
         },
-        nb::arg("path"), nb::arg("policy") = "all", nb::arg("budget") = nb::none(), nb::arg("device") = 0,
+        nb::arg("path"), nb::arg("policy") = "all", nb::arg("budget") = nb::none(), nb::arg("device") = nb::none(),
         "Replays an ampforge memtrace or a PyTorch memory snapshot pickle under allocator policies, as "
         "`ampforge memory replay --json`.");
 }

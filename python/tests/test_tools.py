@@ -40,6 +40,14 @@ def test_memory_replay_memtrace_and_torch_snapshot():
     assert s["peak_live_bytes"] > 0 and s["results"]
     with pytest.raises(ValueError, match="GLOBAL|refuse|global"):
         af.memory.replay(str(DATA / "torch_snapshots" / "bad_global.pickle"))
+    # Device 0 recorded nothing: the default is device 1, where the backward pass's sites are autograd nodes.
+    two = af.memory.replay(str(DATA / "torch_snapshots" / "second_device.pickle"), policy="pytorch")
+    assert two["device"] == 1
+    assert [s["site"] for s in two["top_sites"]] == ["MmBackward0 (autograd backward)", "autograd engine (backward)"]
+    with pytest.raises(ValueError, match="device 0 recorded no trace entries"):
+        af.memory.replay(str(DATA / "torch_snapshots" / "second_device.pickle"), device=0)
+    with pytest.raises(ValueError, match="no allocation history"):
+        af.memory.replay(str(DATA / "torch_snapshots" / "no_history.pickle"))
 
 
 def test_safetensors_files(tmp_path):

@@ -39,7 +39,7 @@ struct ReplayArgs {
 
 struct ExplainArgs {
   std::string snapshot;
-  int device = 0;
+  int device = -1;
   bool json = false;
 };
 
@@ -62,7 +62,7 @@ int run_replay_torch(const ReplayArgs& a, uint64_t budget) {
   using namespace memory;
   AF_CHECK(a.snapshot.empty(), "--snapshot: not available for a PyTorch snapshot (use --svg for a chart)");
   const TorchSnapshot snap = torch_snapshot_read(a.trace);
-  const TorchReplayInput in = torch_trace_build(snap, a.device < 0 ? 0 : a.device);
+  const TorchReplayInput in = torch_trace_build(snap, a.device < 0 ? torch_default_device(snap) : a.device);
   const std::vector<std::string> policies =
       a.policy == "all" ? torch_policy_names() : std::vector<std::string>{a.policy};
   const TorchReplayReport r = torch_replay_report(snap, in, policies, budget, a.svg.empty() ? 0 : 400);
@@ -87,10 +87,10 @@ int run_explain(const ExplainArgs& a) {
            "only those",
            a.snapshot);
   const TorchSnapshot snap = torch_snapshot_read(a.snapshot);
-  const TorchReplayInput in = torch_trace_build(snap, a.device);
+  const TorchReplayInput in = torch_trace_build(snap, a.device < 0 ? torch_default_device(snap) : a.device);
   const auto e = torch_explain(snap, in);
   if (a.json) {
-    nlohmann::json j = {{"snapshot", a.snapshot}, {"device", a.device}, {"settings", snap.settings.describe()},
+    nlohmann::json j = {{"snapshot", a.snapshot}, {"device", in.device}, {"settings", snap.settings.describe()},
                         {"ooms", torch_explain_json(e)}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -217,7 +217,7 @@ Command add_memory_command(CLI::App& app) {
                      "snapshot, pytorch uses its recorded allocator settings")
       ->check(CLI::IsMember({"naive", "pytorch", "pytorch-expandable", "ampforge", "all"}));
   replay->add_option("--budget", replay_args->budget, "device memory, e.g. 16GiB or 512MiB (default: unlimited)");
-  replay->add_option("--device", replay_args->device, "the snapshot's device to replay (default 0)")
+  replay->add_option("--device", replay_args->device, "the snapshot's device to replay (default: the lowest that recorded entries)")
       ->check(CLI::Range(0, 1 << 20));
   replay->add_option("--svg", replay_args->svg, "write a timeline of live and reserved memory per policy (.svg)");
   replay->add_option("--snapshot", replay_args->snapshot,
@@ -230,7 +230,7 @@ Command add_memory_command(CLI::App& app) {
                  "held free, the largest free block and why it could not serve (split rule, size class, stream), what "
                  "CUDA reported free, and the allocator setting that would have avoided it, checked by replaying");
   explain->add_option("SNAPSHOT", explain_args->snapshot, "snapshot pickle (torch.cuda.memory._dump_snapshot)")->required();
-  explain->add_option("--device", explain_args->device, "the snapshot's device (default 0)")->check(CLI::Range(0, 1 << 20));
+  explain->add_option("--device", explain_args->device, "the snapshot's device (default: the lowest that recorded entries)")->check(CLI::Range(0, 1 << 20));
   explain->add_flag("--json", explain_args->json, "print JSON");
 
   auto report_args = std::make_shared<ReportArgs>();

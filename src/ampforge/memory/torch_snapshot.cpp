@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -88,28 +89,66 @@ class Reader {
     return v;
   }
 
-  // The innermost frame outside PyTorch's own files: the user's line that allocated.
+  // The line that allocated, as its author would name it: the innermost frame of the first kind present among
+  //   1. the user's Python (a .py file outside PyTorch and outside site-packages / dist-packages),
+  //   2. other libraries' Python (einops, transformers, ...),
+  //   3. the autograd node whose backward allocated (backward runs on the engine's threads: C++ frames only),
+  //   4. C++ outside PyTorch, the interpreter and the C runtime (an extension's own kernels),
+  // and PyTorch's own frames only when there is nothing else (the allocator's own last). Snapshots recorded with context="all" start every
+  // stack with the allocator's and the dispatcher's C++ frames (torch::unwind, gather_with_cpp,
+  // CUDACachingAllocator.cpp, at::empty_strided, ...): those say nothing about where the memory went.
+  static int frame_kind(const std::string& file, const std::string& name) {
+    auto has = [&](const char* part) { return file.find(part) != std::string::npos; };
+    const bool python = file.size() > 3 && file.compare(file.size() - 3, 3, ".py") == 0;
+    const bool torch = has("/torch/") || has("\\torch\\") || has("/torch\\") || has("\\torch/");
+    if (!autograd_node(name).empty() || name.rfind("torch::autograd::Engine::evaluate_function", 0) == 0) return 3;
+    for (const char* machinery : {"torch::unwind::", "CapturedTraceback", "gather_with_cpp", "CachingAllocator"})
+      if (name.find(machinery) != std::string::npos) return 6;
+    if (has("torchinductor_")) return 2;  // torch.compile's generated code: the user's line further out is the site
+    if (file.empty() || file == "??" || file.rfind("<", 0) == 0 || torch || has("libstdc++")) return 5;
+    if (python) return has("site-packages") || has("dist-packages") ? 2 : 1;
+    for (const char* ours : {"at::", "THP", "pybind11::", "_Py", "Py", "__libc", "_start", "start_thread", "__clone",
+                             "execute_native_thread_routine"})
+      if (name.rfind(ours, 0) == 0) return 5;
+    // Namespaces anywhere in the name: return types and template arguments come first in C++ frame names.
+    for (const char* ours : {"torch::", "c10::", "c10d::", " at::", "<at::", "(at::"})
+      if (name.find(ours) != std::string::npos) return 5;
+    return 4;
+  }
+  // "torch::autograd::generated::ConvolutionBackward0::apply(...)" -> "ConvolutionBackward0" (AccumulateGrad,
+  // CopyBackwards, ... alike); "" for anything else.
+  static std::string autograd_node(const std::string& name) {
+    const size_t apply = name.find("::apply(");
+    if (apply == std::string::npos || name.rfind("torch::autograd::", 0) != 0) return {};
+    const size_t start = name.rfind("::", apply - 1);
+    std::string node = name.substr(start == std::string::npos ? 0 : start + 2, apply - (start + 2));
+    return node;
+  }
   int32_t site(const PyValue* frames, TorchSnapshot& snap) {
     if (frames == nullptr || !frames->is_list() || frames->items.empty()) return -1;
     const PyValue* pick = nullptr;
+    int pick_kind = 7;
     for (const PyRef& f : frames->items) {
       if (!f->is_dict()) continue;
       const PyValue* file = f->get("filename");
       if (file == nullptr || !file->is_str()) continue;
-      if (pick == nullptr) pick = f.get();
-      const std::string& n = file->s;
-      if (n == "??" || n.find("/torch/") != std::string::npos || n.find("\\torch\\") != std::string::npos ||
-          n.rfind("<", 0) == 0)
-        continue;
-      pick = f.get();
-      break;
+      const PyValue* fname = f->get("name");
+      const int kind = frame_kind(file->s, fname != nullptr && fname->is_str() ? fname->s : std::string());
+      if (kind < pick_kind) {
+        pick = f.get();
+        pick_kind = kind;
+        if (kind == 1) break;
+      }
     }
     if (pick == nullptr) return -1;
     const PyValue* line = pick->get("line");
     const PyValue* name = pick->get("name");
-    std::string text = fmt::format("{}:{} {}", pick->get("filename")->s,
-                                   line != nullptr && line->is_int() ? line->i : 0,
-                                   name != nullptr && name->is_str() ? name->s : std::string("?"));
+    const std::string function = name != nullptr && name->is_str() ? name->s : std::string("?");
+    const std::string node = pick_kind == 3 ? autograd_node(function) : std::string();
+    std::string text = pick_kind == 3 ? (node.empty() ? std::string("autograd engine (backward)")
+                                                      : fmt::format("{} (autograd backward)", node))
+                                      : fmt::format("{}:{} {}", pick->get("filename")->s,
+                                                    line != nullptr && line->is_int() ? line->i : 0, function);
     // Printed to terminals: control and non-ASCII bytes as \xNN, at most 300 characters.
     text = excerpt_for_message(text, 300);
     const auto [it, added] = sites_.emplace(text, static_cast<int32_t>(snap.sites.size()));
@@ -294,12 +333,63 @@ TorchSnapshot torch_snapshot_read(const std::string& path) {
   return torch_snapshot_parse(bytes, path);
 }
 
+namespace {
+
+// "device 1 (5,123 entries), device 3 (12 entries)": the devices that recorded something.
+std::string devices_with_entries(const TorchSnapshot& snap) {
+  std::string out;
+  for (size_t d = 0; d < snap.device_traces.size(); ++d) {
+    if (snap.device_traces[d].empty()) continue;
+    out += fmt::format("{}device {} ({} entr{})", out.empty() ? "" : ", ", d, snap.device_traces[d].size(),
+                       snap.device_traces[d].size() == 1 ? "y" : "ies");
+  }
+  return out;
+}
+
+[[noreturn]] void fail_no_history(const TorchSnapshot& snap, const std::string& what) {
+  int64_t reserved = 0, allocated = 0;
+  std::set<int> devices;
+  for (const TorchSegment& s : snap.segments) {
+    devices.insert(s.device);
+    reserved += s.total_size;
+    for (const TorchBlock& b : s.blocks)
+      if (b.state != TorchBlock::Inactive) allocated += b.size;
+  }
+  std::string state;
+  if (!snap.segments.empty()) {
+    std::string ids;
+    for (int d : devices) ids += fmt::format("{}{}", ids.empty() ? "" : ", ", d);
+    state = fmt::format("; it shows only the state when it was taken: {} segment{} on device{} {}, {} reserved, {} allocated",
+                        snap.segments.size(), snap.segments.size() == 1 ? "" : "s", devices.size() == 1 ? "" : "s", ids,
+                        format_bytes(reserved), format_bytes(allocated));
+  }
+  AF_THROW(InvalidArgument,
+           "{}: {}, so there is no allocation history to replay{}. Record one with torch.cuda.memory._record_memory_history("
+           "max_entries=100000) before the work and torch.cuda.memory._dump_snapshot(\"snap.pickle\") after it "
+           "(docs/MEMORY.md)",
+           snap.source, what, state);
+}
+
+}  // namespace
+
+int torch_default_device(const TorchSnapshot& snap) {
+  for (size_t d = 0; d < snap.device_traces.size(); ++d)
+    if (!snap.device_traces[d].empty()) return static_cast<int>(d);
+  fail_no_history(snap, snap.device_traces.empty() ? "the snapshot has no device traces" : "no device recorded a trace entry");
+}
+
 TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
   AF_CHECK(device >= 0 && static_cast<size_t>(device) < snap.device_traces.size(),
            "{}: device {} is not in the snapshot: it has traces for {} device{}{}", snap.source, device,
            snap.device_traces.size(), snap.device_traces.size() == 1 ? "" : "s",
            snap.device_traces.empty() ? "" : fmt::format(" (0 to {})", snap.device_traces.size() - 1));
   const auto& entries = snap.device_traces[static_cast<size_t>(device)];
+  if (entries.empty()) {
+    const std::string others = devices_with_entries(snap);
+    AF_CHECK(others.empty(), "{}: device {} recorded no trace entries; these did: {} (--device N)", snap.source, device,
+             others);
+    fail_no_history(snap, "no device recorded a trace entry");
+  }
   TorchReplayInput in;
   in.device = device;
   in.entries = static_cast<int64_t>(entries.size());

@@ -130,9 +130,14 @@ struct TorchReplayInput {
   std::vector<std::string> notes;  // what a reader should know (gaps, skipped entries)
 };
 
-// Builds the trace of `device`. InvalidArgument when the device has no trace, or the entries contradict
+// Builds the trace of `device`. InvalidArgument when the device is not in the snapshot or recorded no entries
+// (the message names the devices that did, or says how to record when none did), or the entries contradict
 // themselves (an alloc at a live address, a free of an address already freed).
 TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device);
+// The device to replay when the user names none: the lowest with trace entries. InvalidArgument, with what
+// the segments hold and how to record, when no device has any (a snapshot taken without
+// torch.cuda.memory._record_memory_history()).
+int torch_default_device(const TorchSnapshot& snap);
 
 // The `pytorch` policy under the snapshot's settings (PyTorch's rounding, split and oversize rules, its
 // expandable segments when `expandable`), named "pytorch" or "pytorch-expandable".

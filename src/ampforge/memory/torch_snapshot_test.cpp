@@ -75,7 +75,8 @@ TEST(TorchSnapshot, NewFormatFiguresAndSites) {
   EXPECT_EQ(naive.peak_reserved, 700 * MiB + 1024) << "exact segments of the 512-byte-rounded requests";
   EXPECT_EQ(torch.peak_reserved, 704 * MiB) << "402 + 300 + the 2 MiB small segment";
   EXPECT_EQ(ours.peak_reserved, 702 * MiB) << "351 granules: 400 MiB + 1024 B and then 300 MiB, packed";
-  // Sites: the innermost frame outside torch/.
+  // Sites: the user's line. The backward allocation's stack starts with the allocator's and the dispatcher's C++
+  // frames (context="all") and passes through a library (site-packages/einops) before train.py.
   const TorchReplayReport r = torch_replay_report(l.snap, l.in, {"pytorch"}, 0);
   EXPECT_EQ(r.peak_live, live);
   ASSERT_EQ(r.top_sites.size(), 2u);
@@ -84,6 +85,47 @@ TEST(TorchSnapshot, NewFormatFiguresAndSites) {
   EXPECT_EQ(r.top_sites[1].site, "train.py:57 backward");
   // The smallest budget: PyTorch's policy needs its 704 MiB; 702 MiB makes it empty its cache and fail.
   EXPECT_EQ(r.runs[0].min_budget, 704 * MiB);
+}
+
+// Backward allocations carry C++ frames only (the autograd engine's thread): the site is the autograd node, or the
+// engine when it allocated on its own (a gradient reduced to its input's shape). Device 0 recorded nothing, so the
+// default device is 1.
+TEST(TorchSnapshot, BackwardSitesAndTheDefaultDevice) {
+  const TorchSnapshot snap = torch_snapshot_read(path("second_device.pickle"));
+  EXPECT_EQ(torch_default_device(snap), 1);
+  const TorchReplayInput in = torch_trace_build(snap, 1);
+  const TorchReplayReport r = torch_replay_report(snap, in, {"pytorch"}, 0);
+  ASSERT_EQ(r.top_sites.size(), 2u);
+  EXPECT_EQ(r.top_sites[0].site, "MmBackward0 (autograd backward)");
+  EXPECT_EQ(r.top_sites[0].bytes, 6 * MiB);
+  EXPECT_EQ(r.top_sites[1].site, "autograd engine (backward)");
+  try {
+    torch_trace_build(snap, 0);
+    ADD_FAILURE() << "device 0 has no entries";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device 0 recorded no trace entries; these did: device 1 (3 entries)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A snapshot taken without _record_memory_history(): nothing to replay, and the message says what it holds and
+// how to record.
+TEST(TorchSnapshot, NoHistoryIsOneMessageWithTheStateAndHowToRecord) {
+  const TorchSnapshot snap = torch_snapshot_read(path("no_history.pickle"));
+  for (int device : {-1, 0, 1}) {
+    try {
+      if (device < 0) torch_default_device(snap);
+      else torch_trace_build(snap, device);
+      ADD_FAILURE() << "no history, device " << device;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("no device recorded a trace entry, so there is no allocation history to replay"),
+                std::string::npos) << m;
+      EXPECT_NE(m.find("1 segment on device 1, 20.00 MiB reserved, 4.00 MiB allocated"), std::string::npos) << m;
+      EXPECT_NE(m.find("_record_memory_history("), std::string::npos) << m;
+    }
+  }
 }
 
 TEST(TorchSnapshot, OldFormatWithoutTimesSettingsOrBlockAddresses) {
