@@ -111,6 +111,8 @@ def snapshot_seeds(ampforge):
 def main():
     ampforge = sys.argv[1] if len(sys.argv) > 1 else str(ROOT.parent.parent / "build" / "bin" / "ampforge")
     for d in ROOT.glob("*/seeds"):
+        if d.parent.name == "torch_snapshot":
+            continue  # scripts/gen_torch_snapshots.py writes those
         if d.parent.name != "snapshot" or Path(ampforge).exists():
             shutil.rmtree(d)
 
@@ -131,6 +133,7 @@ def main():
 
     put("memtrace", "small.txt", "# ampforge-memtrace v1\na 1 4096 0\na 2 1048576 1\ns\nf 1\na 3 512 0\nf 2\nf 3\ns\n")
     put("memtrace", "comments.txt", "# ampforge-memtrace v1\n# recorded by hand\n\na 10 3000000 0\nf 10\n")
+    put("memtrace", "empty_cache.txt", "# ampforge-memtrace v1\na 1 8388608 0\nf 1\ne\na 2 8388608 0\ns\nf 2\ne\n")
     repo = Path(__file__).resolve().parent.parent / "tests" / "data" / "memtrace" / "cnn.txt"
     put("memtrace", "cnn_head.txt", "".join(repo.read_text().splitlines(True)[:120]))
 

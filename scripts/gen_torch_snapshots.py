@@ -268,6 +268,24 @@ def second_device():
             "external_annotations": []}
 
 
+def empty_cache():
+    # The recording starts with empty_cache() giving back a 40 MiB cached segment from before it (no replay can know
+    # it: the recorded peak is counted after it); an 8 MiB request takes a 20 MiB segment; after its free, a second
+    # empty_cache() gives that segment back, so the next 8 MiB request needs a new one. Reserved: 40 at the start,
+    # then 0, 20, 0, 20 MiB; the peak after the first give-back is 20 MiB.
+    t = Trace()
+    s0, s1, s2 = BASE, BASE + 40 * MiB, BASE + 60 * MiB
+    t.add("segment_free", s0, 40 * MiB)
+    t.add("segment_alloc", s1, 20 * MiB)
+    t.alloc(s1, 8 * MiB, fr=frames(30, "forward"))
+    t.free(s1, 8 * MiB)
+    t.add("segment_free", s1, 20 * MiB)
+    t.add("segment_alloc", s2, 20 * MiB)
+    t.alloc(s2, 8 * MiB, fr=frames(31, "forward"))
+    segs = [segment(s2, [("active_allocated", 8 * MiB, 8 * MiB), ("inactive", 12 * MiB, 0)])]
+    return snap(segs, t, settings())
+
+
 def no_history():
     # torch.cuda.memory._snapshot() without _record_memory_history(): empty traces, only the state when taken.
     segs = [segment(BASE, [("active_allocated", 4 * MiB, 4 * MiB), ("inactive", 16 * MiB, 0)], device=1)]
@@ -338,6 +356,7 @@ def main():
         "wrapped.pickle": pickle.dumps(wrapped(), protocol=3),
         "rounding.pickle": pickle.dumps(rounding()),
         "second_device.pickle": pickle.dumps(second_device()),
+        "empty_cache.pickle": pickle.dumps(empty_cache()),
         "no_history.pickle": pickle.dumps(no_history()),
     }
     files.update(bad_inputs(files["new_basic.pickle"]))

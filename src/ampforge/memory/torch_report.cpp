@@ -153,6 +153,22 @@ TorchReplayReport torch_replay_report(const TorchSnapshot& snap, const TorchRepl
       else
         r.first_mismatch = fmt::format("{} segments recorded, {} replayed", rec.size(), rep.size());
     }
+    if (in.freed_at_start > 0)
+      r.calibration_notes.push_back(fmt::format(
+          "the recording began by giving back {} of cached segments before its first allocation "
+          "(torch.cuda.empty_cache()); the recorded peak is counted from there",
+          b(in.freed_at_start)));
+    const bool equal = r.segments_match && r.recorded_peak_reserved == r.replayed_peak_reserved;
+    if (!equal && in.entries > 0 && r.recorded_segments == 0 && r.recorded_peak_reserved > 0)
+      r.calibration_notes.push_back(fmt::format(
+          "the recording has no segment entries: PyTorch's cache was warm when recording began ({} reserved) and "
+          "served every request; the replay starts with no cache, the {} blocks allocated before placed at the start",
+          b(in.recorded_reserved_start), in.allocs_before_recording));
+    else if (!equal && in.allocs_before_recording > 0)
+      r.calibration_notes.push_back(fmt::format(
+          "{} blocks ({}) allocated before the recording are placed at the start of new segments, not in the "
+          "segments they were in (the trace does not say): later requests can fit differently",
+          in.allocs_before_recording, b(in.bytes_before_recording)));
   }
 
   // The policies.
@@ -201,7 +217,8 @@ nlohmann::json torch_replay_report_json(const TorchReplayReport& r) {
                       {"recorded_segments", r.recorded_segments},
                       {"replayed_segments", r.replayed_segments},
                       {"segments_match", r.segments_match},
-                      {"first_mismatch", r.first_mismatch}};
+                      {"first_mismatch", r.first_mismatch},
+                      {"notes", r.calibration_notes}};
   j["top_sites"] = nlohmann::json::array();
   for (const TorchSite& s : r.top_sites) j["top_sites"].push_back({{"site", s.site}, {"bytes", s.bytes}, {"blocks", s.blocks}});
   j["results"] = nlohmann::json::array();
@@ -244,6 +261,7 @@ std::string torch_replay_report_text(const TorchReplayReport& r) {
     o += fmt::format("  segment allocations  recorded {}  replayed {}  {}\n", r.recorded_segments, r.replayed_segments,
                    r.segments_match ? "identical (sizes and the allocation that asked for each)"
                                     : "differ: " + r.first_mismatch);
+  for (const std::string& n : r.calibration_notes) o += "  note: " + n + "\n";
   if (!r.top_sites.empty()) {
     o += fmt::format("\nallocation sites holding the peak of live memory ({} at event {}):\n", b(r.peak_live),
                      r.peak_live_event + 1);

@@ -49,6 +49,9 @@ struct TorchReplayReport {
   int64_t recorded_segments = 0, replayed_segments = 0;  // segment allocations (or page mappings) compared
   bool segments_match = false;
   std::string first_mismatch;  // where they differ first, when they do
+  // What in the recording the replay cannot know, when it bears on the comparison (a warm cache, blocks from
+  // before the recording, cached memory given back before the first allocation).
+  std::vector<std::string> calibration_notes;
   uint64_t budget = 0;
   std::vector<TorchPolicyRun> runs;
 };

@@ -415,8 +415,34 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
   int64_t reserved = 0, peak = 0;
   std::vector<std::pair<int64_t, int64_t>> segs;  // (body index, bytes)
   auto where = [&](size_t k) { return fmt::format("{}: device_traces[{}][{}]", snap.source, device, k); };
+  // Segment frees outside an out-of-memory error are the program emptying the cache (torch.cuda.empty_cache(), or
+  // PyTorch freeing its cache to retry a cudaMalloc that then succeeded): each run of them becomes one EmptyCache
+  // event, so every policy's cache is emptied where PyTorch's was. A run right before an `oom` entry is the retry
+  // that failed: the replay's own policies retry (or not) by their rules.
+  int64_t free_run = 0;
+  auto end_free_run = [&](bool oom) {
+    if (free_run > 0 && !oom) {
+      TraceEvent t;
+      t.kind = TraceEvent::EmptyCache;
+      body.push_back(t);
+      body_site.push_back(-1);
+      in.empty_cache_frees += free_run;
+      ++in.empty_cache_calls;
+    }
+    free_run = 0;
+  };
+  // A recording that starts by emptying the cache (empty_cache() right after _record_memory_history()) starts at
+  // a reserved level no replay can know (the cached free memory is not in the trace): its peak is counted from the
+  // first entry after those frees.
+  bool leading = true;
   for (size_t k = 0; k < entries.size(); ++k) {
     const TorchTraceEntry& e = entries[k];
+    if (e.action != TorchTraceEntry::SegmentFree && e.action != TorchTraceEntry::SegmentUnmap &&
+        e.action != TorchTraceEntry::Snapshot) {
+      end_free_run(e.action == TorchTraceEntry::Oom);
+      if (leading && in.freed_at_start > 0) peak = reserved;
+      leading = false;
+    }
     switch (e.action) {
       case TorchTraceEntry::Alloc: {
         Slot& s = slots[e.addr];
@@ -477,6 +503,8 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
       case TorchTraceEntry::SegmentFree:
       case TorchTraceEntry::SegmentUnmap:
         reserved -= e.size;
+        ++free_run;
+        if (leading) in.freed_at_start += e.size;
         break;
       case TorchTraceEntry::Oom: {
         TorchOom o;
@@ -501,22 +529,8 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
       case TorchTraceEntry::Snapshot: break;
     }
   }
-  // PyTorch frees its cached segments before it gives up (release_cached_blocks): the segment frees right before
-  // an oom entry are that retry; the others are empty_cache() calls, which the trace cannot express.
-  {
-    int64_t frees = 0, run = 0;
-    for (const TorchTraceEntry& e : entries) {
-      if (e.action == TorchTraceEntry::SegmentFree || e.action == TorchTraceEntry::SegmentUnmap) {
-        ++run;
-      } else if (e.action == TorchTraceEntry::Oom) {
-        run = 0;
-      } else if (e.action != TorchTraceEntry::Snapshot) {
-        frees += run;
-        run = 0;
-      }
-    }
-    in.empty_cache_frees = frees + run;
-  }
+  end_free_run(false);
+  if (leading && in.freed_at_start > 0) peak = reserved;
   // Blocks alive at the end with no recorded allocation.
   int64_t final_reserved = 0;
   bool any_segment = false;
@@ -572,8 +586,8 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
     in.notes.push_back(fmt::format("{} entries of actions this reader does not know were skipped", snap.ignored_entries));
   if (in.empty_cache_frees > 0)
     in.notes.push_back(fmt::format("{} segments were given back outside an out-of-memory retry "
-                                   "(torch.cuda.empty_cache()); the replay keeps them cached",
-                                   in.empty_cache_frees));
+                                   "(torch.cuda.empty_cache()), at {} point{}: the replay empties every policy's cache there",
+                                   in.empty_cache_frees, in.empty_cache_calls, in.empty_cache_calls == 1 ? "" : "s"));
   return in;
 }
 

@@ -119,14 +119,18 @@ struct TorchReplayInput {
   bool wrapped = false;  // the ring buffer (max_entries) dropped the oldest entries
   int64_t entries = 0;   // trace entries of this device
   std::vector<TorchOom> ooms;
-  // Recorded reserved memory (segment entries): at the first entry, at its peak, at the end.
+  // Recorded reserved memory (segment entries): at the first entry, at its peak, at the end. When the recording
+  // starts by giving cached segments back (freed_at_start bytes, before any allocation), the peak is counted
+  // from after them: that cached memory is not in the trace, so no replay could hold it.
   int64_t recorded_reserved_start = 0;
   int64_t recorded_peak_reserved = 0;
   int64_t recorded_reserved_end = 0;
+  int64_t freed_at_start = 0;
   // Recorded segment allocations (segment_alloc, or segment_map with expandable segments): (index in
   // trace.events of the allocation that caused it, bytes), in order.
   std::vector<std::pair<int64_t, int64_t>> recorded_segments;
   int64_t empty_cache_frees = 0;  // segment frees/unmaps not explained by an oom (torch.cuda.empty_cache())
+  int64_t empty_cache_calls = 0;  // the runs of them: TraceEvent::EmptyCache events in `trace`
   std::vector<std::string> notes;  // what a reader should know (gaps, skipped entries)
 };
 

@@ -45,7 +45,7 @@ std::vector<std::pair<int64_t, int64_t>> mib(std::vector<std::pair<int64_t, int6
 // within 1.05x of peak live.
 TEST(TorchSnapshot, PytorchPolicyReproducesEveryRecordedSegment) {
   for (const char* name : {"new_basic.pickle", "old_format.pickle", "streams.pickle", "expandable.pickle", "oom.pickle",
-                           "wrapped.pickle", "rounding.pickle"}) {
+                           "wrapped.pickle", "rounding.pickle", "empty_cache.pickle"}) {
     SCOPED_TRACE(name);
     const Loaded l = load(name);
     const TorchReplayReport r = torch_replay_report(l.snap, l.in, {"ampforge"}, 0);
@@ -85,6 +85,24 @@ TEST(TorchSnapshot, NewFormatFiguresAndSites) {
   EXPECT_EQ(r.top_sites[1].site, "train.py:57 backward");
   // The smallest budget: PyTorch's policy needs its 704 MiB; 702 MiB makes it empty its cache and fail.
   EXPECT_EQ(r.runs[0].min_budget, 704 * MiB);
+}
+
+// empty_cache() in the recording: each run of segment frees outside an oom is one EmptyCache event, so the pytorch
+// policy needs the second segment the recording shows (it would reuse its cache otherwise); the cached memory given
+// back before the first allocation is not in the peak.
+TEST(TorchSnapshot, EmptyCacheCallsAreReplayed) {
+  const Loaded l = load("empty_cache.pickle");
+  EXPECT_EQ(l.in.empty_cache_calls, 2);
+  EXPECT_EQ(l.in.empty_cache_frees, 2);
+  EXPECT_EQ(l.in.freed_at_start, 40 * MiB);
+  EXPECT_EQ(l.in.recorded_reserved_start, 40 * MiB);
+  EXPECT_EQ(l.in.recorded_peak_reserved, 20 * MiB);
+  EXPECT_EQ(mib(l.in.recorded_segments), (std::vector<std::pair<int64_t, int64_t>>{{1, 20}, {4, 20}}));
+  const TorchReplayReport r = torch_replay_report(l.snap, l.in, {"pytorch"}, 0);
+  EXPECT_TRUE(r.segments_match) << r.first_mismatch;
+  ASSERT_EQ(r.calibration_notes.size(), 1u);
+  EXPECT_NE(r.calibration_notes[0].find("giving back 40.00 MiB of cached segments"), std::string::npos)
+      << r.calibration_notes[0];
 }
 
 // Backward allocations carry C++ frames only (the autograd engine's thread): the site is the autograd node, or the

@@ -81,8 +81,12 @@ Trace trace_parse(std::istream& in, const std::string& source) {
     } else if (f[0] == "s") {
       if (f.size() != 1) fail("'s' takes no fields");
       e.kind = TraceEvent::Step;
+    } else if (f[0] == "e") {
+      if (f.size() != 1) fail("'e' takes no fields");
+      e.kind = TraceEvent::EmptyCache;
     } else {
-      fail(fmt::format("unknown event '{}'; expected a (allocation), f (free) or s (step)", excerpt_for_message(f[0])));
+      fail(fmt::format("unknown event '{}'; expected a (allocation), f (free), s (step) or e (empty_cache)",
+                       excerpt_for_message(f[0])));
     }
     t.events.push_back(e);
   }
@@ -109,6 +113,7 @@ void trace_write(const Trace& trace, std::ostream& out, const std::string& comme
       case TraceEvent::Alloc: out << "a " << e.id << ' ' << e.bytes << ' ' << e.stream << '\n'; break;
       case TraceEvent::Free: out << "f " << e.id << '\n'; break;
       case TraceEvent::Step: out << "s\n"; break;
+      case TraceEvent::EmptyCache: out << "e\n"; break;
     }
   }
 }
@@ -232,6 +237,8 @@ ReplayResult trace_replay(const Trace& trace, const PolicyConfig& policy, const 
       alloc.free(it->second.first);
       live_bytes -= static_cast<int64_t>(it->second.second);
       live.erase(it);
+    } else if (e.kind == TraceEvent::EmptyCache) {
+      alloc.empty_cache();
     } else {
       alloc.step();
     }

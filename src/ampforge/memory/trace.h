@@ -5,6 +5,8 @@
 //   a <id> <bytes> <stream>     allocation; id is unique among live blocks
 //   f <id>                      free
 //   s                           step boundary (optional)
+//   e                           empty_cache: the program gave the allocator's cached memory back
+//                               (torch.cuda.empty_cache()); every policy's cache is emptied there
 // Numbers are unsigned decimal integers. Limits: bytes <= 2^44 (16 TiB), stream <= 65535.
 // Parsing is strict: anything else is an InvalidArgument error naming the file and line.
 #pragma once
@@ -24,7 +26,7 @@
 namespace ampforge::memory {
 
 struct TraceEvent {
-  enum Kind : uint8_t { Alloc, Free, Step };
+  enum Kind : uint8_t { Alloc, Free, Step, EmptyCache };
   // kProbe (allocations only; never in a memtrace file): a request that failed in the recording (a PyTorch
   // snapshot's oom entry). Replayed to see whether the policy serves it: an out-of-memory error is counted
   // (ReplayResult::probes_failed) and the replay goes on; when served, it is freed at once.

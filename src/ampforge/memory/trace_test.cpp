@@ -40,6 +40,28 @@ TEST(Trace, ParsesEventsCommentsAndBlankLines) {
   EXPECT_EQ(t.events[5].id, 1u) << "a freed id may be used again";
 }
 
+// `e` (torch.cuda.empty_cache()): every policy gives its cached memory back there, so a later request needs new
+// memory where it would have reused the cache; written back as it was read.
+TEST(Trace, EmptyCacheGivesTheCachedMemoryBack) {
+  const std::string body = "a 1 8388608 0\nf 1\ne\na 2 8388608 0\n";
+  const Trace t = parse(body);
+  ASSERT_EQ(t.events.size(), 4u);
+  EXPECT_EQ(t.events[2].kind, TraceEvent::EmptyCache);
+  std::vector<std::pair<int64_t, int64_t>> log;
+  ReplayOptions o;
+  o.segment_log = &log;
+  const ReplayResult r = trace_replay(t, PolicyConfig::pytorch(), o);
+  const int64_t seg = int64_t{20} << 20;  // 1-10 MiB requests take 20 MiB segments
+  ASSERT_GE(log.size(), 3u);
+  log.resize(3);  // then the allocator's teardown gives the last segment back
+  EXPECT_EQ(log, (std::vector<std::pair<int64_t, int64_t>>{{0, seg}, {2, -seg}, {3, seg}}));
+  EXPECT_EQ(r.peak_reserved, seg);
+  EXPECT_EQ(r.stats.reserved.current, seg);
+  std::ostringstream out;
+  trace_write(t, out);
+  EXPECT_EQ(out.str(), "# ampforge-memtrace v1\n" + body);
+}
+
 TEST(Trace, MalformedLinesNameTheLine) {
   EXPECT_NE(parse_error("a 1 10 0\nx 2\n").find("t.txt:3: unknown event 'x'"), std::string::npos);
   EXPECT_NE(parse_error("a 1 10 0\nf 2\n").find("t.txt:3: free of id 2, which is not live"), std::string::npos);
@@ -53,6 +75,7 @@ TEST(Trace, MalformedLinesNameTheLine) {
   EXPECT_NE(parse_error("a 1 10\n").find("t.txt:2: 'a' takes 3 fields"), std::string::npos);
   EXPECT_NE(parse_error("f 1 2\n").find("t.txt:2: 'f' takes 1 field"), std::string::npos);
   EXPECT_NE(parse_error("s 3\n").find("t.txt:2: 's' takes no fields"), std::string::npos);
+  EXPECT_NE(parse_error("e 1\n").find("t.txt:2: 'e' takes no fields"), std::string::npos);
   EXPECT_NE(parse_error("a 1 10 70000\n").find("stream 70000 is out of range"), std::string::npos);
   std::istringstream no_header("a 1 10 0\n");
   try {
