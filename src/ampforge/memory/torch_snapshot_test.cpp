@@ -105,6 +105,38 @@ TEST(TorchSnapshot, EmptyCacheCallsAreReplayed) {
       << r.calibration_notes[0];
 }
 
+// A snapshot PyTorch wrote on a GPU (tests/data/torch_snapshots/real/NOTICE.md): GPT-2-small-sized, batch 32, fp32,
+// one forward and backward step on Windows, recorded with a warm cache. Sites are the user's lines (not einops,
+// which the model calls); with no segment entries the calibration says the cache was warm; ampforge packs the peak
+// within 1.05x and PyTorch's policy needs more.
+TEST(TorchSnapshot, RealRecordingFromAGpu) {
+  const TorchSnapshot snap = torch_snapshot_read(path("real/cs336_gpt_small_fwd_bwd.pickle"));
+  ASSERT_EQ(snap.device_traces.size(), 1u);
+  EXPECT_EQ(snap.device_traces[0].size(), 5163u);
+  EXPECT_TRUE(snap.has_time);
+  EXPECT_TRUE(snap.settings.recorded);
+  EXPECT_EQ(torch_default_device(snap), 0);
+  const TorchReplayInput in = torch_trace_build(snap, 0);
+  EXPECT_EQ(in.allocs_before_recording, 229);
+  EXPECT_EQ(in.empty_cache_calls, 0);
+  const TorchReplayReport r = torch_replay_report(snap, in, torch_policy_names(), 0);
+  EXPECT_EQ(r.peak_live, 13923997700);
+  ASSERT_FALSE(r.top_sites.empty());
+  EXPECT_EQ(r.top_sites[0].site, "D:\\Dev\\assignment2-systems\\cs336-basics\\cs336_basics\\model.py:39 forward");
+  for (const TorchSite& s : r.top_sites) EXPECT_EQ(s.site.find("einops"), std::string::npos) << s.site;
+  EXPECT_EQ(r.recorded_segments, 0);
+  EXPECT_EQ(r.recorded_peak_reserved, 14180941824) << "the segments held when the snapshot was taken";
+  ASSERT_EQ(r.calibration_notes.size(), 1u);
+  EXPECT_NE(r.calibration_notes[0].find("cache was warm when recording began"), std::string::npos);
+  double torch_ratio = 0, ours = 0;
+  for (const TorchPolicyRun& run : r.runs) {
+    if (run.result.policy == "pytorch") torch_ratio = run.result.ratio;
+    if (run.result.policy == "ampforge") ours = run.result.ratio;
+  }
+  EXPECT_LE(ours, 1.05);
+  EXPECT_GT(torch_ratio, ours);
+}
+
 // Backward allocations carry C++ frames only (the autograd engine's thread): the site is the autograd node, or the
 // engine when it allocated on its own (a gradient reduced to its input's shape). Device 0 recorded nothing, so the
 // default device is 1.
