@@ -178,7 +178,10 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
   const size_t size = round(nbytes);
   const int64_t calls_before = stats_.provider_calls;
   Block* b = held_.empty() ? nullptr : take_held(size, stream);
-  if (b == nullptr) b = try_allocate(size, stream);
+  if (b == nullptr) {
+    flush_held();  // PolicyConfig::hold_recent: a request that is not an exact reuse sees the pools as they are
+    b = try_allocate(size, stream);
+  }
   if (b == nullptr) {
     ++stats_.num_retries;
     wait_unlocked(lock, /*pending=*/true);
@@ -215,16 +218,17 @@ void* CachingAllocator::allocate_on(size_t nbytes, StreamId stream) {
 CachingAllocator::Block* CachingAllocator::try_allocate(size_t size, StreamId stream) {
   const bool small = size <= config_.small_max;
   Fit f = config_.cache ? find_free(small, stream, size) : Fit{};
-  // Coalesce the held blocks before asking the provider for anything: for a new segment, or (expandable
-  // segments) for physical memory behind granules that are not mapped yet.
-  if (!held_.empty() &&
-      (f.block == nullptr || unmapped_granules(*f.block->segment, f.addr(size), size, 1) > 0)) {
-    flush_held();
-    f = find_free(small, stream, size);
+  // Rule 2's small requests in the large pool's range (expandable segments, ampforge rules).
+  if (expandable_ && small && config_.cache && !config_.torch_rules &&
+      (f.block == nullptr || untouched_granules(f.block, f.addr(size), size) > 0)) {
+    const Fit g = find_free(false, stream, size);
+    if (g.block != nullptr && untouched_granules(g.block, g.addr(size), size) == 0 &&
+        unmapped_granules(*g.block->segment, g.addr(size), size, 1) == 0)
+      f = g;
   }
   Block* b = f.block;
   if (b != nullptr) {
-    pool(small).erase(b);
+    pool(b->segment->small).erase(b);
     if (f.tail) b = split_tail(b, size);
   } else {
     b = expandable_ ? new_expandable_range(size, small, stream) : new_plain_segment(size, small, stream);

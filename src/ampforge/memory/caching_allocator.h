@@ -12,7 +12,11 @@
 //      start or the end of one, wherever it touches the fewest granules that no live block touches yet, then
 //      the fewest unmapped granules, then the better fit. Reserved memory at a peak is the granules live
 //      blocks touch, so a request that fits in the unused part of a granule a live neighbour already holds
-//      costs nothing there, where best fit alone would start a granule of its own.
+//      costs nothing there, where best fit alone would start a granule of its own. A small request that
+//      would touch a granule no live block touches goes instead into the large pool's range when one of its
+//      8 best-fitting free blocks has room in granules that live blocks touch and that are mapped: the partly
+//      used granules at the edges of large blocks take small blocks that would each need a granule of the
+//      small pool's own.
 //   3. No fit: new memory from the provider.
 //        plain segments      a segment of: 2 MiB (small pool), 20 MiB (requests under 10 MiB), or the
 //                            request rounded up to 2 MiB (config; the naive preset asks for exactly the
@@ -78,10 +82,12 @@ struct PolicyConfig {
   size_t max_split_size = SIZE_MAX;          // plain segments: blocks larger than this are never split
   size_t virtual_range = 0;                  // bytes of address space per expandable range; 0: automatic
   // Recently freed blocks kept as they are (not coalesced, not back in the free pools) for an exact-size
-  // reuse: training asks for the same sizes every step, and a hit then skips the split/coalesce churn
-  // (two tree erases and inserts per allocate + free). They are coalesced before the allocator would ask
-  // the provider for memory, and before any figure or snapshot, so reserved memory and reports are as
-  // without them. 0 turns it off (the pytorch preset).
+  // reuse: a free followed by a request of the same size (a loop's temporaries) then skips the split/coalesce
+  // churn (two tree erases and inserts per allocate + free). Any other request gives them back to the pools
+  // before it is placed, so placement always sees the free space as it is (held blocks left in place split
+  // the free blocks around them and keep their granules counted as live: rule 2 then packs worse); and they
+  // are given back before any figure or snapshot, so reserved memory and reports are as without them. 0 turns
+  // it off (the pytorch preset).
   int hold_recent = 16;
   // PyTorch's exact rules (pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp, round_size, should_split,
   // get_free_block), for replaying PyTorch's own recordings (memory/torch_snapshot.h):

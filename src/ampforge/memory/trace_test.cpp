@@ -156,16 +156,14 @@ TEST(Trace, CommittedTracesStayWithin5PercentOfPeakLive) {
   }
 }
 
-// Random mixes (synthetic.h), seeds 1-8: the ampforge policy stays within 1.05x of peak live at a quarter of full size
-// (peak live 0.5-3 GiB) and, for many-sizes and cnn, at a tenth (many-sizes: peak live ~0.4 GiB, 1.032-1.047; it needs
-// find_free's placement beside live neighbours, which best fit alone takes to 1.04-1.07). varlen at a tenth is not
-// held to it: 1.07-1.10; its peak live of 142 MiB is 71 granules, and at the peak 5-7 granules' worth lies unused at
-// the edges of the holes that freed temporaries leave between live blocks (docs/MEMORY.md, "Random mixes and the
-// 1.05 bound").
+// Random mixes (synthetic.h), seeds 1-8: the ampforge policy stays within 1.05x of peak live from a tenth of full
+// size (peak live 142 MiB for varlen, ~0.4 GiB for many-sizes) to a quarter. At a tenth one 2 MiB granule is 1.4% of
+// varlen's peak: it holds only because placement sees the free space as it is (held blocks given back first) and
+// small blocks fill the unused ends of large blocks' granules; without either, varlen at a tenth needs 1.07-1.10
+// (docs/MEMORY.md, "Random mixes and the 1.05 bound").
 TEST(Trace, RandomMixesStayWithin5PercentOfPeakLive) {
-  for (const double scale : {0.1, 0.25}) {
+  for (const double scale : {0.1, 0.15, 0.2, 0.25}) {
     for (const std::string name : {"many-sizes", "varlen", "cnn"}) {
-      if (scale == 0.1 && name == "varlen") continue;
       for (uint64_t seed = 1; seed <= 8; ++seed) {
         SyntheticOptions o;
         o.scale = scale;
