@@ -241,6 +241,57 @@ TEST(CachingAllocator, ExpandableSmallBlocksShareGranules) {
   for (void* p : ps) a.free(p);
 }
 
+// A small request that would start a granule of the small pool goes into the unused end of a large block's granule
+// instead (rule 2): 3 MiB + 256 KiB live fit in two granules, not three.
+TEST(CachingAllocator, SmallBlocksFillTheEndsOfLargeBlocksGranules) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* large = a.allocate_on(3 * MiB, 0);
+  EXPECT_EQ(a.stats().reserved.current, static_cast<int64_t>(4 * MiB));
+  void* small = a.allocate_on(256 * KiB, 0);
+  EXPECT_EQ(a.stats().reserved.current, static_cast<int64_t>(4 * MiB)) << "no granule of the small pool's own";
+  EXPECT_GE(addr(small), addr(large) + 3 * MiB);
+  EXPECT_LE(addr(small) + 256 * KiB, addr(large) + 4 * MiB) << "inside the large block's second granule";
+  // Once the small pool has a granule with room, small requests go there (no new granule either way).
+  a.free(large);
+  a.free(small);
+  a.empty_cache();
+  void* s1 = a.allocate_on(256 * KiB, 0);
+  void* s2 = a.allocate_on(256 * KiB, 0);
+  EXPECT_EQ(a.stats().reserved.current, static_cast<int64_t>(2 * MiB));
+  a.free(s1);
+  a.free(s2);
+}
+
+// Held blocks (hold_recent) are for an exact reuse only: any other request sees them given back and coalesced, so
+// it is placed in the free space as it is. Here a 6 MiB request fits exactly where three held 2 MiB blocks were;
+// with them left in place it went into the 6.5 MiB hole elsewhere, splitting it.
+TEST(CachingAllocator, HeldBlocksAreGivenBackBeforeAnyOtherPlacement) {
+  SimulatedProvider sim;
+  CachingAllocator a(sim, PolicyConfig::ampforge());
+  void* first = a.allocate_on(8 * MiB, 0);
+  void* mid = a.allocate_on(2 * MiB, 0);
+  void* p1 = a.allocate_on(2 * MiB, 0);
+  void* p2 = a.allocate_on(2 * MiB, 0);
+  void* p3 = a.allocate_on(2 * MiB, 0);
+  void* last = a.allocate_on(2 * MiB, 0);
+  a.free(first);
+  void* x = a.allocate_on(1536 * KiB, 0);  // takes the start of the first block's space: a 6.5 MiB hole is left
+  EXPECT_EQ(x, first);
+  a.free(p1);
+  a.free(p2);
+  a.free(p3);
+  // An exact reuse takes the most recent held block without touching the pools.
+  void* again = a.allocate_on(2 * MiB, 0);
+  EXPECT_EQ(again, p3);
+  a.free(again);
+  const int64_t reserved = a.stats().reserved.current;
+  void* six = a.allocate_on(6 * MiB, 0);
+  EXPECT_EQ(six, p1) << "the three held blocks' space, coalesced: the best fit";
+  EXPECT_EQ(a.stats().reserved.current, reserved);
+  for (void* p : {x, mid, six, last}) a.free(p);
+}
+
 TEST(CachingAllocator, OutOfMemoryReportsAndTheProcessContinues) {
   SimulatedProvider sim;
   BudgetedProvider card(sim, 64 * MiB);
