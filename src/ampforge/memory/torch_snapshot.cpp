@@ -94,9 +94,9 @@ class Reader {
   //   2. other libraries' Python (einops, transformers, ...),
   //   3. the autograd node whose backward allocated (backward runs on the engine's threads: C++ frames only),
   //   4. C++ outside PyTorch, the interpreter and the C runtime (an extension's own kernels),
-  // and PyTorch's own frames only when there is nothing else (the allocator's own last). Snapshots recorded with context="all" start every
-  // stack with the allocator's and the dispatcher's C++ frames (torch::unwind, gather_with_cpp,
-  // CUDACachingAllocator.cpp, at::empty_strided, ...): those say nothing about where the memory went.
+  // and PyTorch's own frames only when there is nothing else (the allocator's own last). Snapshots recorded with
+  // context="all" start every stack with the allocator's and the dispatcher's C++ frames (torch::unwind,
+  // gather_with_cpp, CUDACachingAllocator.cpp, at::empty_strided, ...): those say nothing about where the memory went.
   static int frame_kind(const std::string& file, const std::string& name) {
     auto has = [&](const char* part) { return file.find(part) != std::string::npos; };
     const bool python = file.size() > 3 && file.compare(file.size() - 3, 3, ".py") == 0;
@@ -335,7 +335,7 @@ TorchSnapshot torch_snapshot_read(const std::string& path) {
 
 namespace {
 
-// "device 1 (5,123 entries), device 3 (12 entries)": the devices that recorded something.
+// "device 1 (5123 entries), device 3 (12 entries)": the devices that recorded something.
 std::string devices_with_entries(const TorchSnapshot& snap) {
   std::string out;
   for (size_t d = 0; d < snap.device_traces.size(); ++d) {
