@@ -262,9 +262,14 @@ def second_device():
     t.add("segment_alloc", BASE, 20 * MiB)
     t.alloc(BASE, 6 * MiB, fr=CPP_FRAMES[:4] + [node] + ENGINE_FRAMES)
     t.alloc(BASE + 6 * MiB, 2 * MiB, fr=CPP_FRAMES[:4] + ENGINE_FRAMES)
+    # Device 2 recorded too (one 4 MiB block): the report of device 1 names it.
+    t2 = Trace()
+    t2.add("segment_alloc", BASE, 20 * MiB)
+    t2.alloc(BASE, 4 * MiB, fr=frames(88, "forward"))
     segs = [segment(BASE, [("active_allocated", 6 * MiB, 6 * MiB), ("active_allocated", 2 * MiB, 2 * MiB),
-                           ("inactive", 12 * MiB, 0)], device=1)]
-    return {"segments": segs, "device_traces": [[], t.entries], "allocator_settings": settings(),
+                           ("inactive", 12 * MiB, 0)], device=1),
+            segment(BASE, [("active_allocated", 4 * MiB, 4 * MiB), ("inactive", 16 * MiB, 0)], device=2)]
+    return {"segments": segs, "device_traces": [[], t.entries, t2.entries], "allocator_settings": settings(),
             "external_annotations": []}
 
 

@@ -584,6 +584,11 @@ TorchReplayInput torch_trace_build(const TorchSnapshot& snap, int device) {
         in.allocs_before_recording, format_bytes(in.bytes_before_recording)));
   if (snap.ignored_entries > 0)
     in.notes.push_back(fmt::format("{} entries of actions this reader does not know were skipped", snap.ignored_entries));
+  int recording_devices = 0;
+  for (const auto& t : snap.device_traces) recording_devices += !t.empty();
+  if (recording_devices > 1)
+    in.notes.push_back(fmt::format("this is device {}; the devices that recorded entries are {} (--device N for another)",
+                                   device, devices_with_entries(snap)));
   if (in.empty_cache_frees > 0)
     in.notes.push_back(fmt::format("{} segments were given back outside an out-of-memory retry "
                                    "(torch.cuda.empty_cache()), at {} point{}: the replay empties every policy's cache there",

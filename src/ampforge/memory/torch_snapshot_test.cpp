@@ -139,11 +139,14 @@ TEST(TorchSnapshot, RealRecordingFromAGpu) {
 
 // Backward allocations carry C++ frames only (the autograd engine's thread): the site is the autograd node, or the
 // engine when it allocated on its own (a gradient reduced to its input's shape). Device 0 recorded nothing, so the
-// default device is 1.
+// default device is 1; device 2 recorded too, and the notes say so.
 TEST(TorchSnapshot, BackwardSitesAndTheDefaultDevice) {
   const TorchSnapshot snap = torch_snapshot_read(path("second_device.pickle"));
   EXPECT_EQ(torch_default_device(snap), 1);
   const TorchReplayInput in = torch_trace_build(snap, 1);
+  ASSERT_EQ(in.notes.size(), 1u);
+  EXPECT_EQ(in.notes[0], "this is device 1; the devices that recorded entries are device 1 (3 entries), device 2 (2 "
+                         "entries) (--device N for another)");
   const TorchReplayReport r = torch_replay_report(snap, in, {"pytorch"}, 0);
   ASSERT_EQ(r.top_sites.size(), 2u);
   EXPECT_EQ(r.top_sites[0].site, "MmBackward0 (autograd backward)");
@@ -153,7 +156,8 @@ TEST(TorchSnapshot, BackwardSitesAndTheDefaultDevice) {
     torch_trace_build(snap, 0);
     ADD_FAILURE() << "device 0 has no entries";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("device 0 recorded no trace entries; these did: device 1 (3 entries)"),
+    EXPECT_NE(std::string(e.what()).find("device 0 recorded no trace entries; these did: device 1 (3 entries), device 2 "
+                                         "(2 entries)"),
               std::string::npos)
         << e.what();
   }
