@@ -214,6 +214,14 @@ def test_train_by_name_runs_the_cli_recipe():
         af.train.train(bogus=1)
 
 
+def test_train_save_to_a_directory_fails_before_training(tmp_path):
+    # The message names the path, not the CLI's --save flag.
+    with pytest.raises(ValueError, match=r"cannot save checkpoints to '.*': it is a directory") as e:
+        af.train.train(model="cnn", dataset="synthetic", epochs=1, max_steps=3, batch_size=16, verbose=False,
+                       synthetic_size=64, save=str(tmp_path))
+    assert "--save" not in str(e.value)
+
+
 def test_train_step_is_the_trainers_step():
     model = af.models.create("cnn")
     step = af.train.TrainStep(model, "fp16", "adamw", 1e-3)

@@ -96,6 +96,23 @@ TEST(TrainCli, MissingDataIsExitCode2WithTheDirectory) {
   EXPECT_NE(r.out.find("nowhere"), std::string::npos) << r.out;
 }
 
+// A checkpoint path that cannot be written fails before training, naming the path: a directory, or a file in a
+// directory that does not exist.
+TEST(TrainCli, UnwritableSaveFailsBeforeTraining) {
+  const fs::path dir = tmp("save_is_a_dir");
+  fs::create_directories(dir);
+  CmdResult r = run_ampforge("train --dataset synthetic --synthetic-size 64 --batch 16 --no-progress --save " + dir.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("cannot save checkpoints to '" + dir.string() + "': it is a directory"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("epoch"), std::string::npos) << "no training ran: " << r.out;
+  const fs::path missing = tmp("no_such_dir") / "ckpt.safetensors";
+  r = run_ampforge("train --dataset synthetic --synthetic-size 64 --batch 16 --no-progress --save " + missing.string());
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cannot save checkpoints to '" + missing.string() + "'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("No such file or directory"), std::string::npos) << r.out;
+}
+
 TEST(TrainCli, JsonSummaryHasTheDocumentedKeys) {
   const CmdResult r = run_ampforge("train --dataset synthetic --synthetic-size 128 --batch 32 --epochs 1 --json --no-progress",
                                    /*merge_stderr=*/false);

@@ -21,16 +21,21 @@ namespace ampforge::train {
 
 void check_checkpoint_path(const std::string& path) {
   namespace fs = std::filesystem;
-  AF_CHECK(!path.empty(), "--save: empty checkpoint path");
+  // The messages name the path, not the option: the CLI's --save and the Python package's save= both get here.
+  AF_CHECK(!path.empty(), "cannot save checkpoints to an empty path: give a file name (e.g. ckpt.safetensors)");
   std::error_code ec;
-  AF_CHECK(!fs::is_directory(path, ec), "--save: '{}' is a directory; give a file name (e.g. {}/ckpt.safetensors)",
-           path, path);
+  if (fs::is_directory(path, ec)) {
+    std::string dir = path;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    AF_THROW(InvalidArgument, "cannot save checkpoints to '{}': it is a directory; give a file name (e.g. {}/ckpt.safetensors)",
+             path, dir);
+  }
   // Probe the way a save writes: a new file beside the target (the save renames its temporary file there).
   const std::string probe = fmt::format("{}.probe.{}.{}", path, static_cast<long>(::getpid()), static_cast<long>(::gettid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
-    AF_THROW(Io, "--save: cannot write checkpoints to '{}': {} (checked before training, so no run is lost)", path,
+    AF_THROW(Io, "cannot save checkpoints to '{}': {} (checked before training, so no run is lost)", path,
              std::strerror(err));
   }
   ::close(fd);
