@@ -169,6 +169,11 @@ int run_replay(const ReplayArgs& a) {
 
 int run_report(const ReportArgs& a) {
   using namespace memory;
+  AF_CHECK(!looks_like_pickle(file_head(a.snapshot)),
+           "'{}' is a PyTorch memory snapshot; `memory report` draws ampforge's own (`memory replay TRACE --snapshot "
+           "S.json`). For PyTorch's: `ampforge memory replay {} --svg timeline.svg` (timeline per policy, sites, "
+           "calibration) and `ampforge memory explain {}` (its out-of-memory errors)",
+           a.snapshot, a.snapshot, a.snapshot);
   const nlohmann::json snap = snapshot_read(a.snapshot);
   std::string out = a.output;
   if (out.empty()) {

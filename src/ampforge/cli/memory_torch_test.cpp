@@ -110,6 +110,7 @@ TEST(MemoryTorchCli, BadInputIsOneMessageAndExit2) {
       {"memory replay " + std::string(AMPFORGE_TEST_DATA_DIR) + "/memtrace/cnn.txt --device 0", "--device: only for"},
       {"memory replay " + snap("new_basic.pickle") + " --svg out.png", "must end in .svg"},
       {"memory replay " + std::string(AMPFORGE_TEST_DATA_DIR) + "/torch_snapshots", "is a directory"},
+      {"memory report " + snap("new_basic.pickle"), "is a PyTorch memory snapshot; `memory report` draws ampforge's own"},
   };
   for (const Case& c : cases) {
     const CmdResult r = run_ampforge(c.args);
