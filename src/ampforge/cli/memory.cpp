@@ -111,7 +111,12 @@ int run_replay(const ReplayArgs& a) {
     opt.budget = parse_size(a.budget, "--budget");
     AF_CHECK(opt.budget > 0, "--budget: must be more than 0 bytes");
   }
-  if (looks_like_pickle(file_head(a.trace))) return run_replay_torch(a, opt.budget);
+  const std::string head = file_head(a.trace);
+  AF_CHECK(head.rfind("PK\x03\x04", 0) != 0,
+           "'{}' is a zip archive (torch.save writes those: a model or a checkpoint), not a memory record: a PyTorch "
+           "memory snapshot is what torch.cuda.memory._dump_snapshot(\"snap.pickle\") writes (docs/MEMORY.md)",
+           a.trace);
+  if (looks_like_pickle(head)) return run_replay_torch(a, opt.budget);
   AF_CHECK(a.device < 0, "--device: only for PyTorch snapshots (an ampforge memtrace records one device)");
   AF_CHECK(a.policy != "pytorch-expandable",
            "--policy pytorch-expandable: only for PyTorch snapshots (the pytorch policy with their settings)");

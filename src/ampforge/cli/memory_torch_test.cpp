@@ -90,9 +90,16 @@ TEST(MemoryTorchCli, ExplainNamesTheCauseAndAVerifiedFix) {
 }
 
 TEST(MemoryTorchCli, BadInputIsOneMessageAndExit2) {
+  // What torch.save writes (a zip archive), passed by mistake.
+  const std::string zip = (ampforge::cli::testing::scratch_dir("ampforge_memtorch_test_") / "model.pt").string();
+  {
+    std::ofstream f(zip, std::ios::binary);
+    f << std::string("PK\x03\x04\x14\x00\x00\x00archive/data.pkl", 28);
+  }
   struct Case {
     std::string args, message;
   } cases[] = {
+      {"memory replay " + zip, "is a zip archive (torch.save writes those"},
       {"memory replay " + snap("bad_truncated.pickle"), "a truncated file?"},
       {"memory replay " + snap("bad_global.pickle"), "opcode GLOBAL (0x63) is refused"},
       {"memory explain " + snap("bad_reduce.pickle"), "opcode REDUCE (0x52) is refused"},
